@@ -1,0 +1,81 @@
+// The host execution space: loops over elements on the CPU, parallel with
+// OpenMP when the translation unit is compiled with it, serial otherwise.
+#pragma once
+
+#include <gradcomp/config.hpp>
+#include <gradcomp/span.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <new>
+
+#if GRADCOMP_HAS_OPENMP
+#include <omp.h>
+#endif
+
+namespace gradcomp {
+
+/// Runs element loops on the host. Copyable; a value names how to run.
+struct host_space {
+  using memory = host_memory;  ///< Host buffers only.
+
+  /// OpenMP threads per loop; 0 uses OpenMP's default. Ignored without OpenMP.
+  int threads = 0;
+
+  /// Allocates `bytes` aligned to 64 bytes (a cache line, a full AVX-512
+  /// vector). Throws std::bad_alloc.
+  void* allocate(std::size_t bytes) const {
+    return ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{64});
+  }
+  /// Frees memory from allocate().
+  void deallocate(void* p) const { ::operator delete(p, std::align_val_t{64}); }
+  /// Copies `bytes` between buffers of this space.
+  void copy(void* dst, void const* src, std::size_t bytes) const {
+    if (bytes != 0) std::memcpy(dst, src, bytes);
+  }
+  /// Sets `bytes` to zero.
+  void fill_zero(void* dst, std::size_t bytes) const {
+    if (bytes != 0) std::memset(dst, 0, bytes);
+  }
+  /// Copies from this space's memory to host memory.
+  void to_host(void* host_dst, void const* src, std::size_t bytes) const { copy(host_dst, src, bytes); }
+  /// Copies from host memory into this space's memory.
+  void from_host(void* dst, void const* host_src, std::size_t bytes) const { copy(dst, host_src, bytes); }
+  /// Waits for the space's work; host work is already done.
+  void synchronize() const {}
+
+  /// Threads a loop of `n` elements should use: small loops stay serial,
+  /// where starting a thread team costs more than it saves.
+  int threads_for(std::size_t n) const {
+#if GRADCOMP_HAS_OPENMP
+    if (n < 32768) return 1;
+    return threads > 0 ? threads : omp_get_max_threads();
+#else
+    (void)n;
+    return 1;
+#endif
+  }
+};
+
+/// Calls f(i) for every i in [0, n), in parallel over the space's threads.
+/// f must be safe to call concurrently for distinct i.
+template <class F>
+void parallel_for(host_space const& space, std::size_t n, F const& f) {
+  [[maybe_unused]] int const threads = space.threads_for(n);
+  GRADCOMP_OMP(parallel for simd schedule(static) num_threads(threads))
+  for (std::size_t i = 0; i < n; ++i) f(i);
+}
+
+/// Calls f(i) for every i in [0, n) and adds the number of calls that
+/// returned true to `*counter` (a count of bad elements, say).
+template <class F>
+void parallel_count(host_space const& space, std::size_t n, F const& f, std::uint64_t* counter) {
+  [[maybe_unused]] int const threads = space.threads_for(n);
+  std::uint64_t count = 0;
+  GRADCOMP_OMP(parallel for simd schedule(static) num_threads(threads) reduction(+ : count))
+  for (std::size_t i = 0; i < n; ++i) count += f(i) ? 1u : 0u;
+  *counter += count;
+}
+
+}  // namespace gradcomp

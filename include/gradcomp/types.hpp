@@ -1,0 +1,159 @@
+// 16-bit floating-point storage types and the element-type tags the
+// collectives understand.
+//
+// gradcomp carries its own fp16 / bf16 types so that host (g++) and device
+// (nvcc) code round identically: conversions are plain integer arithmetic,
+// round-to-nearest-even, and bit-for-bit the same as CUDA's __half and
+// __nv_bfloat16 (whose layout they share, so NCCL can sum them).
+#pragma once
+
+#include <gradcomp/config.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace gradcomp {
+namespace detail {
+
+GRADCOMP_HOST_DEVICE std::uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+#endif
+}
+
+GRADCOMP_HOST_DEVICE float bits_float(std::uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+#endif
+}
+
+/// float -> bf16, round to nearest even; NaN stays a (quiet) NaN.
+GRADCOMP_HOST_DEVICE std::uint16_t float_to_bf16_bits(float f) {
+  std::uint32_t const u = float_bits(f);
+  bool const nan = (u & 0x7fffffffu) > 0x7f800000u;
+  std::uint32_t const rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<std::uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
+}
+
+GRADCOMP_HOST_DEVICE float bf16_bits_to_float(std::uint16_t h) {
+  return bits_float(static_cast<std::uint32_t>(h) << 16);
+}
+
+/// float -> IEEE half, round to nearest even, overflow to infinity.
+GRADCOMP_HOST_DEVICE std::uint16_t float_to_half_bits(float value) {
+  std::uint32_t f = float_bits(value);
+  std::uint32_t const sign = (f >> 16) & 0x8000u;
+  f &= 0x7fffffffu;
+  // Below 2^-14 the result is subnormal: adding 0.5 lines the 10 mantissa bits
+  // up at the bottom of the float, and the FPU does the rounding.
+  std::uint32_t const subnormal = float_bits(bits_float(f) + 0.5f) - 0x3f000000u;
+  std::uint32_t const normal =
+      (f + 0xc8000fffu + ((f >> 13) & 1u)) >> 13;  // rebias exponent, round
+  std::uint32_t const special = f > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  std::uint32_t const magnitude =
+      f >= 0x47800000u ? special : (f < 0x38800000u ? subnormal : normal);
+  return static_cast<std::uint16_t>(magnitude | sign);
+}
+
+GRADCOMP_HOST_DEVICE float half_bits_to_float(std::uint16_t h) {
+  std::uint32_t const magnitude = static_cast<std::uint32_t>(h & 0x7fffu) << 13;
+  std::uint32_t const exponent = magnitude & 0x0f800000u;
+  std::uint32_t const normal = magnitude + 0x38000000u;
+  std::uint32_t const special = magnitude + 0x70000000u;  // inf / NaN
+  std::uint32_t const subnormal =
+      float_bits(bits_float(magnitude + 0x38800000u) - bits_float(0x38800000u));
+  std::uint32_t const out = exponent == 0x0f800000u ? special
+                            : exponent == 0         ? subnormal
+                                                    : normal;
+  return bits_float(out | (static_cast<std::uint32_t>(h & 0x8000u) << 16));
+}
+
+}  // namespace detail
+
+/// bfloat16 storage: 8 exponent bits like float, 8 significant bits.
+struct bfloat16 {
+  std::uint16_t bits;  ///< Raw IEEE-style bits (sign, 8 exponent, 7 mantissa).
+
+  bfloat16() = default;
+  /// Rounds `f` to nearest even.
+  GRADCOMP_HOST_DEVICE explicit bfloat16(float f) : bits(detail::float_to_bf16_bits(f)) {}
+  /// Exact widening to float.
+  GRADCOMP_HOST_DEVICE explicit operator float() const { return detail::bf16_bits_to_float(bits); }
+  /// Largest finite value.
+  GRADCOMP_HOST_DEVICE static constexpr float max() { return 3.38953139e38f; }
+};
+
+/// IEEE 754 binary16 storage: 5 exponent bits, 11 significant bits.
+struct half {
+  std::uint16_t bits;  ///< Raw IEEE bits (sign, 5 exponent, 10 mantissa).
+
+  half() = default;
+  /// Rounds `f` to nearest even; overflows to infinity past 65504.
+  GRADCOMP_HOST_DEVICE explicit half(float f) : bits(detail::float_to_half_bits(f)) {}
+  /// Exact widening to float.
+  GRADCOMP_HOST_DEVICE explicit operator float() const { return detail::half_bits_to_float(bits); }
+  /// Largest finite value.
+  GRADCOMP_HOST_DEVICE static constexpr float max() { return 65504.0f; }
+};
+
+/// Element types a collective can carry.
+enum class dtype : std::uint8_t {
+  float32, float64, float16, bfloat16, int8, uint8, int32, uint32, int64, uint64
+};
+
+namespace detail {
+template <class T> struct dtype_of;
+template <> struct dtype_of<float> { static constexpr dtype value = dtype::float32; };
+template <> struct dtype_of<double> { static constexpr dtype value = dtype::float64; };
+template <> struct dtype_of<half> { static constexpr dtype value = dtype::float16; };
+template <> struct dtype_of<bfloat16> { static constexpr dtype value = dtype::bfloat16; };
+template <> struct dtype_of<std::int8_t> { static constexpr dtype value = dtype::int8; };
+template <> struct dtype_of<std::uint8_t> { static constexpr dtype value = dtype::uint8; };
+template <> struct dtype_of<std::int32_t> { static constexpr dtype value = dtype::int32; };
+template <> struct dtype_of<std::uint32_t> { static constexpr dtype value = dtype::uint32; };
+template <> struct dtype_of<std::int64_t> { static constexpr dtype value = dtype::int64; };
+template <> struct dtype_of<std::uint64_t> { static constexpr dtype value = dtype::uint64; };
+}  // namespace detail
+
+/// True for the element types collectives can carry.
+template <class T>
+concept wire_type = requires { detail::dtype_of<T>::value; };
+
+/// The dtype tag of a wire type.
+template <wire_type T>
+inline constexpr dtype dtype_of_v = detail::dtype_of<T>::value;
+
+/// Size in bytes of one element of `t`.
+constexpr std::size_t size_of(dtype t) {
+  switch (t) {
+    case dtype::float64: case dtype::int64: case dtype::uint64: return 8;
+    case dtype::float32: case dtype::int32: case dtype::uint32: return 4;
+    case dtype::float16: case dtype::bfloat16: return 2;
+    case dtype::int8: case dtype::uint8: return 1;
+  }
+  return 0;
+}
+
+/// Human-readable name of `t`, for error messages.
+constexpr std::string_view name_of(dtype t) {
+  constexpr std::string_view names[] = {"float32", "float64", "float16", "bfloat16", "int8",
+                                        "uint8",   "int32",   "uint32",  "int64",    "uint64"};
+  return names[static_cast<int>(t)];
+}
+
+/// Converts between float and the wire types, host and device alike.
+template <class To, class From>
+GRADCOMP_HOST_DEVICE To convert(From x) {
+  return static_cast<To>(x);
+}
+
+}  // namespace gradcomp
