@@ -1,0 +1,55 @@
+// The collective concept: how ranks exchange data. gradcomp ships NCCL (the
+// default on GPUs), MPI and an in-process backend (local_group); a user's own
+// backend is any class with the members below.
+#pragma once
+
+#include <gradcomp/span.hpp>
+#include <gradcomp/types.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <string_view>
+
+namespace gradcomp {
+
+/// The reductions collectives support.
+enum class reduce_op { sum, max, min };
+
+/// Name of `op`, for error messages.
+constexpr std::string_view name_of(reduce_op op) {
+  return op == reduce_op::sum ? "sum" : op == reduce_op::max ? "max" : "min";
+}
+
+/// Where a buffer handed to a collective lives.
+enum class memory_kind { host, device };
+
+/// The memory_kind of a span's memory tag.
+template <class Memory>
+inline constexpr memory_kind memory_kind_of =
+    std::same_as<Memory, device_memory> ? memory_kind::device : memory_kind::host;
+
+/// A communicator for one rank of a group.
+///
+/// - rank() in [0, size()).
+/// - all_reduce(send, recv, count, op): recv[i] = op over ranks of send[i];
+///   send == recv is allowed (in place). Every rank receives bitwise the same
+///   result.
+/// - all_gather(send, recv, count): recv[r * count + i] = send of rank r.
+/// - broadcast(buffer, count, root): every rank's buffer = root's buffer.
+/// - accepts(kind): whether buffers of that memory kind may be passed.
+///
+/// Calls must be made by every rank in the same order with the same counts.
+/// A backend may complete them asynchronously (NCCL orders them on a CUDA
+/// stream); the host backends return when the data is in place. Each is a
+/// template over the element types of gradcomp::wire_type.
+template <class C>
+concept collective = requires(C& c, C const& cc, float const* send, float* recv, std::size_t n) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  { cc.accepts(memory_kind::host) } -> std::same_as<bool>;
+  c.all_reduce(send, recv, n, reduce_op::sum);
+  c.all_gather(send, recv, n);
+  c.broadcast(recv, n, 0);
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,151 @@
+// MPI backend (component gradcomp::mpi): one process per rank.
+#pragma once
+
+#include <gradcomp/collective.hpp>
+#include <gradcomp/detail/reduce.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/types.hpp>
+
+// gradcomp uses MPI's C API only; skip the deprecated C++ bindings.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <type_traits>
+#include <string>
+
+namespace gradcomp {
+
+/// Wraps an MPI communicator it does not own; satisfies gradcomp::collective.
+///
+/// Host buffers always; device buffers only when the caller declares the MPI
+/// library CUDA-aware. fp16 and bf16 have no MPI datatype: they travel as
+/// 16-bit words with user-defined operators that accumulate in float.
+/// Collectives block until the data is in place.
+class mpi_communicator {
+ public:
+  /// Uses `comm` (MPI must be initialized); `cuda_aware` declares that the
+  /// MPI library accepts device pointers.
+  explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD, bool cuda_aware = false)
+      : comm_(comm), cuda_aware_(cuda_aware) {
+    check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  }
+
+  /// This process's rank in the communicator.
+  int rank() const { return rank_; }
+  /// Number of ranks.
+  int size() const { return size_; }
+  /// Host memory; device memory when declared CUDA-aware.
+  bool accepts(memory_kind kind) const { return kind == memory_kind::host || cuda_aware_; }
+  /// The wrapped communicator.
+  MPI_Comm native() const { return comm_; }
+
+  /// recv = op over ranks of send; send may equal recv.
+  template <wire_type T>
+  void all_reduce(T const* send, T* recv, std::size_t count, reduce_op op) {
+    if (count == 0) return;
+    void const* source = send == recv ? MPI_IN_PLACE : static_cast<void const*>(send);
+    check(MPI_Allreduce(source, recv, checked_count(count), datatype<T>(), operation<T>(op), comm_),
+          "MPI_Allreduce");
+  }
+
+  /// recv[r * count + i] = send[i] of rank r.
+  template <wire_type T>
+  void all_gather(T const* send, T* recv, std::size_t count) {
+    if (count == 0) return;
+    void const* source = send == recv + count * rank_ ? MPI_IN_PLACE : static_cast<void const*>(send);
+    int const n = checked_count(count);
+    check(MPI_Allgather(source, n, datatype<T>(), recv, n, datatype<T>(), comm_), "MPI_Allgather");
+  }
+
+  /// buffer = root's buffer on every rank.
+  template <wire_type T>
+  void broadcast(T* buffer, std::size_t count, int root) {
+    if (count == 0) return;
+    check(MPI_Bcast(buffer, checked_count(count), datatype<T>(), root, comm_), "MPI_Bcast");
+  }
+
+  /// Ends every process of the communicator (MPI has no gentler way to free
+  /// peers blocked in a collective).
+  [[noreturn]] void abort(int code = 1) const {
+    MPI_Abort(comm_, code);
+    std::abort();
+  }
+
+ private:
+  static void check(int status, char const* call) {
+    if (status == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(status, text, &length);
+    throw collective_error(std::string(call) + " failed: " + std::string(text, length));
+  }
+
+  static int checked_count(std::size_t count) {
+    if (count > static_cast<std::size_t>(INT_MAX))
+      throw invalid_argument("mpi_communicator: " + std::to_string(count) +
+                             " elements exceed MPI's int count; split the buffer");
+    return static_cast<int>(count);
+  }
+
+  template <class T>
+  static MPI_Datatype datatype() {
+    constexpr dtype type = dtype_of_v<T>;
+    if constexpr (type == dtype::float32) return MPI_FLOAT;
+    else if constexpr (type == dtype::float64) return MPI_DOUBLE;
+    else if constexpr (type == dtype::float16 || type == dtype::bfloat16) return MPI_UINT16_T;
+    else if constexpr (type == dtype::int8) return MPI_INT8_T;
+    else if constexpr (type == dtype::uint8) return MPI_UINT8_T;
+    else if constexpr (type == dtype::int32) return MPI_INT32_T;
+    else if constexpr (type == dtype::uint32) return MPI_UINT32_T;
+    else if constexpr (type == dtype::int64) return MPI_INT64_T;
+    else return MPI_UINT64_T;
+  }
+
+  // The 16-bit float operators: combine in float, round once per pair.
+  template <class T, reduce_op Op>
+  static void combine16(void* in, void* inout, int* len, MPI_Datatype*) {
+    auto const* a = static_cast<T const*>(in);
+    auto* b = static_cast<T*>(inout);
+    for (int i = 0; i < *len; ++i)
+      b[i] = T(detail::combine(static_cast<float>(a[i]), static_cast<float>(b[i]), Op));
+  }
+
+  template <class T>
+  static MPI_Op operation(reduce_op op) {
+    if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
+      // Created on first use (MPI is initialized by then) and kept for the
+      // life of the process, like MPI's own operators.
+      static MPI_Op const ops[3] = {make_op<combine16<T, reduce_op::sum>>(),
+                                    make_op<combine16<T, reduce_op::max>>(),
+                                    make_op<combine16<T, reduce_op::min>>()};
+      return ops[static_cast<int>(op)];
+    } else {
+      return op == reduce_op::sum ? MPI_SUM : op == reduce_op::max ? MPI_MAX : MPI_MIN;
+    }
+  }
+
+  template <MPI_User_function* F>
+  static MPI_Op make_op() {
+    MPI_Op op;
+    check(MPI_Op_create(F, /*commute=*/1, &op), "MPI_Op_create");
+    return op;
+  }
+
+  MPI_Comm comm_;
+  bool cuda_aware_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+static_assert(collective<mpi_communicator>);
+
+}  // namespace gradcomp
