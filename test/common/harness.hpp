@@ -1,0 +1,86 @@
+// Test harness shared by the host, MPI and CUDA test executables: worlds of
+// ranks, fresh random gradients, and moving data in and out of a space.
+#pragma once
+
+#include <gradcomp/gradcomp.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace gradcomp::testing {
+
+/// The in-process world: `ranks` threads on one local_group.
+struct local_world {
+  static constexpr char const* name = "local_group";
+  int ranks = 4;
+  template <class Body>
+  void run(Body&& body) const {
+    local_group::run(ranks, [&](local_group::communicator& comm) { body(comm); });
+  }
+};
+
+/// A seed every rank agrees on: GRADCOMP_TEST_SEED if set, else fresh from
+/// rank 0's random_device, so each run draws new inputs and a failure prints
+/// the seed that reproduces it.
+template <class Collective>
+std::uint64_t shared_seed(Collective& comm) {
+  std::uint64_t seed[1] = {0};
+  if (comm.rank() == 0) {
+    if (char const* fixed = std::getenv("GRADCOMP_TEST_SEED")) seed[0] = std::strtoull(fixed, nullptr, 10);
+    else seed[0] = (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  }
+  comm.broadcast(seed, 1, 0);
+  return seed[0];
+}
+
+/// Rank r's gradient: d values spread over several orders of magnitude and
+/// both signs, a different stream per rank.
+inline std::vector<float> random_gradient(std::uint64_t seed, int rank, std::size_t d) {
+  std::mt19937_64 rng(seed * 1000003u + static_cast<std::uint64_t>(rank));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-12, 6);
+  std::vector<float> g(d);
+  for (auto& x : g) x = std::ldexp(normal(rng), exponent(rng));
+  return g;
+}
+
+/// Every rank's gradient for one step.
+inline std::vector<std::vector<float>> random_gradients(std::uint64_t seed, int ranks, std::size_t d) {
+  std::vector<std::vector<float>> all;
+  for (int r = 0; r < ranks; ++r) all.push_back(random_gradient(seed, r, d));
+  return all;
+}
+
+/// Copies host values into a new buffer of `space`.
+template <class Space, class T>
+buffer<T, Space> upload(Space const& space, std::vector<T> const& values) {
+  buffer<T, Space> b(values.size(), space);
+  space.from_host(b.data(), values.data(), values.size() * sizeof(T));
+  return b;
+}
+
+/// Copies `count` values from `space` memory to the host.
+template <class Space, class T>
+std::vector<std::remove_const_t<T>> download(Space const& space, T* data, std::size_t count) {
+  std::vector<std::remove_const_t<T>> host(count);
+  space.to_host(host.data(), data, count * sizeof(T));
+  return host;
+}
+
+/// A test body's setup: where it runs and over which world.
+template <class Space, class World>
+struct setup {
+  using space = Space;
+  using world = World;
+  static Space make_space() { return Space{}; }
+};
+
+/// True when a and b hold the same bits (so NaN == NaN, +0 != -0).
+inline bool same_bits(float a, float b) { return detail::float_bits(a) == detail::float_bits(b); }
+
+}  // namespace gradcomp::testing

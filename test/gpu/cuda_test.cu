@@ -1,0 +1,110 @@
+// CUDA tests (ctest label `gpu`): the pipeline suite on the CUDA space, and
+// host/device parity of the shared math. Exits 77 (skipped) without a GPU.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <gradcomp/cuda.cuh>
+
+#include "../common/baseline_suite.hpp"
+
+#include <cstdio>
+#include <cstring>
+#include <tuple>
+#include <random>
+
+namespace {
+
+using gradcomp::cuda_space;
+using gradcomp::host_space;
+using cuda_local = gradcomp::testing::setup<cuda_space, gradcomp::testing::local_world>;
+
+struct philox_fill {
+  gradcomp::random_stream stream;
+  std::uint32_t* out;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const {
+    gradcomp::uint4x32 const words = stream(i);
+    for (int w = 0; w < 4; ++w) out[4 * i + w] = words.v[w];
+  }
+};
+
+struct convert_fill {
+  float const* in;
+  std::uint16_t* bf16_bits;
+  std::uint16_t* fp16_bits;
+  float* widened;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const {
+    bf16_bits[i] = gradcomp::bfloat16(in[i]).bits;
+    fp16_bits[i] = gradcomp::half(in[i]).bits;
+    gradcomp::half h;
+    h.bits = static_cast<std::uint16_t>(i & 0xffff);
+    widened[i] = static_cast<float>(h);
+  }
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE_INVOKE(fp32_mean, cuda_local);
+TEST_CASE_TEMPLATE_INVOKE(cast_accuracy, cuda_local);
+TEST_CASE_TEMPLATE_INVOKE(aggregators_agree, cuda_local);
+TEST_CASE_TEMPLATE_INVOKE(residual_invariant, cuda_local);
+TEST_CASE_TEMPLATE_INVOKE(residual_conserves, cuda_space);
+TEST_CASE_TEMPLATE_INVOKE(nonfinite_raise, cuda_local);
+TEST_CASE_TEMPLATE_INVOKE(nonfinite_propagate, cuda_local);
+TEST_CASE_TEMPLATE_INVOKE(config_mismatch, cuda_local);
+TEST_CASE_TEMPLATE_INVOKE(lengths, cuda_local);
+TEST_CASE_TEMPLATE_INVOKE(wire_bytes, cuda_local);
+
+TEST_CASE("Philox draws the same words on the device as on the host") {
+  std::size_t const n = 1 << 20;
+  gradcomp::random_stream const stream(0x1234567890abcdefull, 3, gradcomp::random_stream::shared);
+  auto draw = [&](auto const& space) {
+    gradcomp::buffer<std::uint32_t, std::remove_cvref_t<decltype(space)>> out(4 * n, space);
+    parallel_for(space, n, philox_fill{stream, out.data()});
+    return gradcomp::testing::download(space, out.data(), out.size());
+  };
+  CHECK(draw(cuda_space{}) == draw(host_space{}));
+}
+
+TEST_CASE("16-bit conversions round identically on the device and the host") {
+  std::size_t const n = 1 << 20;
+  std::mt19937 rng(std::random_device{}());
+  std::vector<float> inputs(n);
+  for (auto& x : inputs) {
+    std::uint32_t bits = rng();
+    std::memcpy(&x, &bits, 4);
+  }
+  auto convert = [&](auto const& space) {
+    using S = std::remove_cvref_t<decltype(space)>;
+    auto in = gradcomp::testing::upload(space, inputs);
+    gradcomp::buffer<std::uint16_t, S> bf(n, space), hf(n, space);
+    gradcomp::buffer<float, S> widened(n, space);
+    parallel_for(space, n, convert_fill{in.data(), bf.data(), hf.data(), widened.data()});
+    auto const w = gradcomp::testing::download(space, widened.data(), n);
+    std::vector<std::uint32_t> widened_bits(n);
+    std::memcpy(widened_bits.data(), w.data(), n * 4);
+    return std::tuple(gradcomp::testing::download(space, bf.data(), n), gradcomp::testing::download(space, hf.data(), n),
+                      widened_bits);
+  };
+  CHECK(convert(cuda_space{}) == convert(host_space{}));
+}
+
+TEST_CASE("the bf16 pipeline gives bitwise the host's result on the device") {
+  using namespace gradcomp;
+  using namespace gradcomp::testing;
+  std::vector<std::vector<float>> host_out(4), device_out(4);
+  local_group::run(4, [&](local_group::communicator& comm) {
+    std::uint64_t const seed = shared_seed(comm);
+    std::vector<std::vector<float>> steps;
+    for (int s = 0; s < 5; ++s) steps.push_back(random_gradient(seed + s, comm.rank(), 100003));
+    host_out[comm.rank()] = reduce_steps<bf16, error_feedback::residual>(comm, host_space{}, steps).back();
+    device_out[comm.rank()] = reduce_steps<bf16, error_feedback::residual>(comm, cuda_space{}, steps).back();
+  });
+  for (int r = 0; r < 4; ++r) CHECK(host_out[r] == device_out[r]);
+}
+
+int main(int argc, char** argv) {
+  if (!gradcomp::cuda_device_available()) {
+    std::puts("no CUDA device: skipping the gpu tests");
+    return 77;
+  }
+  doctest::Context context(argc, argv);
+  return context.run();
+}

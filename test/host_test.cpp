@@ -1,0 +1,15 @@
+// The pipeline and baseline suites on the host space, four in-process ranks.
+#include "common/baseline_suite.hpp"
+
+using host_local = gradcomp::testing::setup<gradcomp::host_space, gradcomp::testing::local_world>;
+
+TEST_CASE_TEMPLATE_INVOKE(fp32_mean, host_local);
+TEST_CASE_TEMPLATE_INVOKE(cast_accuracy, host_local);
+TEST_CASE_TEMPLATE_INVOKE(aggregators_agree, host_local);
+TEST_CASE_TEMPLATE_INVOKE(residual_invariant, host_local);
+TEST_CASE_TEMPLATE_INVOKE(residual_conserves, gradcomp::host_space);
+TEST_CASE_TEMPLATE_INVOKE(nonfinite_raise, host_local);
+TEST_CASE_TEMPLATE_INVOKE(nonfinite_propagate, host_local);
+TEST_CASE_TEMPLATE_INVOKE(config_mismatch, host_local);
+TEST_CASE_TEMPLATE_INVOKE(lengths, host_local);
+TEST_CASE_TEMPLATE_INVOKE(wire_bytes, host_local);

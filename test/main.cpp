@@ -1,0 +1,3 @@
+// doctest's runner for the host unit tests.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>

@@ -1,0 +1,61 @@
+// The pipeline and baseline suites over MPI: run as `mpiexec -n 4`.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <gradcomp/collectives/mpi.hpp>
+
+#include "common/baseline_suite.hpp"
+
+namespace {
+
+// This process is one rank of MPI_COMM_WORLD.
+struct mpi_world {
+  static constexpr char const* name = "mpi";
+  template <class Body>
+  void run(Body&& body) const {
+    gradcomp::mpi_communicator comm(MPI_COMM_WORLD);
+    body(comm);
+  }
+};
+
+using host_mpi = gradcomp::testing::setup<gradcomp::host_space, mpi_world>;
+
+}  // namespace
+
+TEST_CASE("the MPI backend reduces every wire type across all ranks") {
+  gradcomp::mpi_communicator comm;
+  REQUIRE(comm.size() > 1);  // a one-rank run would test nothing
+  int const n = comm.size();
+  std::vector<gradcomp::bfloat16> b(10, gradcomp::bfloat16(static_cast<float>(comm.rank() + 1)));
+  comm.all_reduce(b.data(), b.data(), b.size(), gradcomp::reduce_op::sum);
+  CHECK(static_cast<float>(b[3]) == static_cast<float>(n * (n + 1) / 2));
+  std::vector<gradcomp::half> h(10, gradcomp::half(static_cast<float>(comm.rank())));
+  comm.all_reduce(h.data(), h.data(), h.size(), gradcomp::reduce_op::max);
+  CHECK(static_cast<float>(h[9]) == static_cast<float>(n - 1));
+  std::vector<std::int8_t> all(n);
+  std::int8_t const mine = static_cast<std::int8_t>(comm.rank() * 3);
+  comm.all_gather(&mine, all.data(), 1);
+  for (int r = 0; r < n; ++r) CHECK(all[r] == r * 3);
+}
+
+TEST_CASE_TEMPLATE_INVOKE(fp32_mean, host_mpi);
+TEST_CASE_TEMPLATE_INVOKE(cast_accuracy, host_mpi);
+TEST_CASE_TEMPLATE_INVOKE(aggregators_agree, host_mpi);
+TEST_CASE_TEMPLATE_INVOKE(residual_invariant, host_mpi);
+TEST_CASE_TEMPLATE_INVOKE(nonfinite_raise, host_mpi);
+TEST_CASE_TEMPLATE_INVOKE(nonfinite_propagate, host_mpi);
+TEST_CASE_TEMPLATE_INVOKE(config_mismatch, host_mpi);
+TEST_CASE_TEMPLATE_INVOKE(lengths, host_mpi);
+TEST_CASE_TEMPLATE_INVOKE(wire_bytes, host_mpi);
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  doctest::Context context(argc, argv);
+  if (rank != 0) context.setOption("minimal", true);  // every rank checks; only rank 0 prints a summary
+  int const failed = context.run();
+  // Every rank must agree on the verdict, so one failing rank fails the run.
+  int any_failed = 0;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any_failed;
+}
