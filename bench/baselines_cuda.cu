@@ -1,0 +1,109 @@
+// CUDA benchmarks of the baselines' local work (encode + decode on one
+// rank), timed with CUDA events, beside a device-to-device copy of the same
+// gradient. Rows are skipped where no GPU is present.
+//
+//   gradcomp_bench_cuda [--benchmark_filter=...]
+#include "common/bandwidth.hpp"
+
+#include <gradcomp/cuda.cuh>
+
+namespace {
+
+using namespace gradcomp;
+
+// Times `body` with CUDA events on the space's stream.
+class event_timer {
+ public:
+  explicit event_timer(cudaStream_t stream) : stream_(stream) {
+    GRADCOMP_CUDA_TRY(cudaEventCreate(&start_));
+    GRADCOMP_CUDA_TRY(cudaEventCreate(&stop_));
+  }
+  ~event_timer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  template <class Body>
+  double seconds(Body&& body) {
+    GRADCOMP_CUDA_TRY(cudaEventRecord(start_, stream_));
+    body();
+    GRADCOMP_CUDA_TRY(cudaEventRecord(stop_, stream_));
+    GRADCOMP_CUDA_TRY(cudaEventSynchronize(stop_));
+    float ms = 0;
+    GRADCOMP_CUDA_TRY(cudaEventElapsedTime(&ms, start_, stop_));
+    return ms * 1e-3;
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaEvent_t start_{}, stop_{};
+};
+
+// Device-to-device copy of d floats: median of 9 after a warm-up, cached.
+double device_copy_seconds(cuda_space const& space, std::size_t d) {
+  static std::map<std::size_t, double> cache;
+  if (auto hit = cache.find(d); hit != cache.end()) return hit->second;
+  buffer<float, cuda_space> src(d, space), dst(d, space);
+  space.fill_zero(src.data(), d * sizeof(float));
+  event_timer timer(space.stream);
+  auto copy = [&] { space.copy(dst.data(), src.data(), d * sizeof(float)); };
+  copy();
+  std::vector<double> samples;
+  for (int rep = 0; rep < 9; ++rep) samples.push_back(timer.seconds(copy));
+  return cache[d] = bench::median(samples);
+}
+
+bool skip_without_device(benchmark::State& state) {
+  if (cuda_device_available()) return false;
+  state.SkipWithError("no CUDA device");
+  return true;
+}
+
+void copy(benchmark::State& state) {
+  if (skip_without_device(state)) return;
+  std::size_t const d = static_cast<std::size_t>(state.range(0));
+  cuda_space const space{};
+  double const copy_seconds = device_copy_seconds(space, d);
+  buffer<float, cuda_space> src(d, space), dst(d, space);
+  event_timer timer(space.stream);
+  for (auto _ : state)
+    state.SetIterationTime(timer.seconds([&] { space.copy(dst.data(), src.data(), d * sizeof(float)); }));
+  bench::report(state, d, copy_seconds, 0);
+}
+
+// One allreducer step on a one-rank world: the compressor's local work.
+template <class Compressor, class EF, nonfinite_policy Policy>
+void step(benchmark::State& state) {
+  if (skip_without_device(state)) return;
+  std::size_t const d = static_cast<std::size_t>(state.range(0));
+  cuda_space const space{};
+  double const copy_seconds = device_copy_seconds(space, d);
+  single_rank<cuda_space> world(space);
+  allreducer<Compressor, EF, single_rank<cuda_space>> reduce(Compressor{}, world, bucket_layout(d), space,
+                                                             {.nonfinite = Policy});
+  std::vector<float> const g = bench::random_gradient(d, 42);
+  buffer<float, cuda_space> gradient(d, space);
+  space.from_host(gradient.data(), g.data(), d * sizeof(float));
+  event_timer timer(space.stream);
+  reduce(gradient.view());  // warm-up
+  for (auto _ : state) state.SetIterationTime(timer.seconds([&] { reduce(gradient.view()); }));
+  bench::report(state, d, copy_seconds, Compressor{}.template wire_bytes<allreduce_aggregator>(reduce.layout(), 4));
+}
+
+void sizes(benchmark::internal::Benchmark* b) {
+  for (std::int64_t d : {1 << 20, 1 << 24, 1 << 26}) b->Arg(d);
+  b->Unit(benchmark::kMillisecond)->UseManualTime();
+}
+
+constexpr auto propagate = nonfinite_policy::propagate;
+constexpr auto raise = nonfinite_policy::raise;
+
+BENCHMARK(copy)->Name("cuda/copy")->Apply(sizes);
+BENCHMARK(step<fp32, error_feedback::none, propagate>)->Name("cuda/fp32")->Apply(sizes);
+BENCHMARK(step<bf16, error_feedback::none, propagate>)->Name("cuda/bf16")->Apply(sizes);
+BENCHMARK(step<bf16, error_feedback::residual, propagate>)->Name("cuda/bf16+ef")->Apply(sizes);
+BENCHMARK(step<bf16, error_feedback::residual, raise>)->Name("cuda/bf16+ef+raise")->Apply(sizes);
+BENCHMARK(step<fp16, error_feedback::none, propagate>)->Name("cuda/fp16")->Apply(sizes);
+
+}  // namespace
+
+BENCHMARK_MAIN();

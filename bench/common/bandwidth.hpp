@@ -1,0 +1,75 @@
+// The yardstick every gradcomp benchmark reports against: the time of a
+// plain copy of the same gradient (read d floats, write d floats) in the same
+// execution space with the same threads, measured in the same binary.
+//
+// Each row reports
+//   bytes_per_second  gradient bytes (d * 4) processed per second,
+//   copy_fraction     copy time / the row's time per step (1.0 = as fast as
+//                     a copy; a compressor that moves ~4 gradient-sized
+//                     passes runs near 0.25-0.5),
+//   wire_B_per_elem   bytes the step puts on the wire per gradient element.
+#pragma once
+
+#include <gradcomp/execution.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <map>
+#include <random>
+#include <vector>
+
+namespace gradcomp::bench {
+
+/// Median of a few samples.
+inline double median(std::vector<double> samples) {
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+/// Seconds for an OpenMP-parallel copy of `elements` floats on the host with
+/// `space`'s threads: median of 7 after a warm-up. Cached per size.
+inline double host_copy_seconds(host_space const& space, std::size_t elements) {
+  static std::map<std::pair<std::size_t, int>, double> cache;
+  auto const key = std::make_pair(elements, space.threads);
+  if (auto hit = cache.find(key); hit != cache.end()) return hit->second;
+  buffer<float, host_space> src(elements, space), dst(elements, space);
+  float* s = src.data();
+  float* d = dst.data();
+  parallel_for(space, elements, [s](std::size_t i) { s[i] = static_cast<float>(i & 1023); });
+  auto copy = [&] { parallel_for(space, elements, [s, d](std::size_t i) { d[i] = s[i]; }); };
+  copy();
+  std::vector<double> samples;
+  for (int rep = 0; rep < 7; ++rep) {
+    auto const start = std::chrono::steady_clock::now();
+    copy();
+    benchmark::DoNotOptimize(d);
+    benchmark::ClobberMemory();
+    samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return cache[key] = median(samples);
+}
+
+/// Fills `values` with normally distributed gradients of mixed magnitude
+/// (never zeros: some kernels are faster on them).
+inline std::vector<float> random_gradient(std::size_t elements, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1e-2f);
+  std::vector<float> g(elements);
+  for (auto& x : g) x = normal(rng);
+  return g;
+}
+
+/// Sets the standard counters of a row that processed `elements` gradient
+/// values per iteration, given the copy time of the same gradient.
+inline void report(benchmark::State& state, std::size_t elements, double copy_seconds, std::size_t wire_bytes) {
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(elements) * 4);
+  state.counters["copy_fraction"] =
+      benchmark::Counter(copy_seconds * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["wire_B_per_elem"] = static_cast<double>(wire_bytes) / static_cast<double>(elements);
+  state.counters["copy_GBps"] = 8.0 * static_cast<double>(elements) / copy_seconds * 1e-9;
+}
+
+}  // namespace gradcomp::bench
