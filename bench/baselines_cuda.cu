@@ -23,7 +23,7 @@ class event_timer {
     cudaEventDestroy(stop_);
   }
   template <class Body>
-  double seconds(Body&& body) {
+  double operator()(Body&& body) {
     GRADCOMP_CUDA_TRY(cudaEventRecord(start_, stream_));
     body();
     GRADCOMP_CUDA_TRY(cudaEventRecord(stop_, stream_));
@@ -48,7 +48,7 @@ double device_copy_seconds(cuda_space const& space, std::size_t d) {
   auto copy = [&] { space.copy(dst.data(), src.data(), d * sizeof(float)); };
   copy();
   std::vector<double> samples;
-  for (int rep = 0; rep < 9; ++rep) samples.push_back(timer.seconds(copy));
+  for (int rep = 0; rep < 9; ++rep) samples.push_back(timer(copy));
   return cache[d] = bench::median(samples);
 }
 
@@ -65,9 +65,8 @@ void copy(benchmark::State& state) {
   double const copy_seconds = device_copy_seconds(space, d);
   buffer<float, cuda_space> src(d, space), dst(d, space);
   event_timer timer(space.stream);
-  for (auto _ : state)
-    state.SetIterationTime(timer.seconds([&] { space.copy(dst.data(), src.data(), d * sizeof(float)); }));
-  bench::report(state, d, copy_seconds, 0);
+  double const total = bench::timed_loop(state, timer, [&] { space.copy(dst.data(), src.data(), d * sizeof(float)); });
+  bench::report(state, d, copy_seconds, 0, total);
 }
 
 // One allreducer step on a one-rank world: the compressor's local work.
@@ -85,8 +84,9 @@ void step(benchmark::State& state) {
   space.from_host(gradient.data(), g.data(), d * sizeof(float));
   event_timer timer(space.stream);
   reduce(gradient.view());  // warm-up
-  for (auto _ : state) state.SetIterationTime(timer.seconds([&] { reduce(gradient.view()); }));
-  bench::report(state, d, copy_seconds, Compressor{}.template wire_bytes<allreduce_aggregator>(reduce.layout(), 4));
+  double const total = bench::timed_loop(state, timer, [&] { reduce(gradient.view()); });
+  bench::report(state, d, copy_seconds, Compressor{}.template wire_bytes<allreduce_aggregator>(reduce.layout(), 4),
+                total);
 }
 
 void sizes(benchmark::internal::Benchmark* b) {

@@ -19,12 +19,11 @@ void copy(benchmark::State& state) {
   float* s = src.data();
   float* t = dst.data();
   parallel_for(space, d, [s](std::size_t i) { s[i] = 1.0f; });
-  for (auto _ : state) {
+  double const total = bench::timed_loop(state, bench::host_timer{}, [&] {
     parallel_for(space, d, [s, t](std::size_t i) { t[i] = s[i]; });
     benchmark::DoNotOptimize(t);
-    benchmark::ClobberMemory();
-  }
-  bench::report(state, d, copy_seconds, 0);
+  });
+  bench::report(state, d, copy_seconds, 0, total);
 }
 
 // One allreducer step on a one-rank world: the compressor's local work.
@@ -39,19 +38,17 @@ void step(benchmark::State& state) {
   std::vector<float> const g = bench::random_gradient(d, 42);
   buffer<float, host_space> gradient(d, space);
   space.copy(gradient.data(), g.data(), d * sizeof(float));
-  for (auto _ : state) {
-    // Each step rewrites the gradient with its mean over one rank: the data
-    // stays random, and no kernel's speed depends on the values.
-    reduce(gradient.view());
-    benchmark::ClobberMemory();
-  }
+  // Each step rewrites the gradient with its mean over one rank: the data
+  // stays random, and no kernel's speed depends on the values.
+  double const total = bench::timed_loop(state, bench::host_timer{}, [&] { reduce(gradient.view()); });
   // Report the wire bytes of a real multi-rank step of the same bucket.
-  bench::report(state, d, copy_seconds, Compressor{}.template wire_bytes<allreduce_aggregator>(reduce.layout(), 4));
+  bench::report(state, d, copy_seconds, Compressor{}.template wire_bytes<allreduce_aggregator>(reduce.layout(), 4),
+                total);
 }
 
 void sizes(benchmark::internal::Benchmark* b) {
   for (std::int64_t d : {1 << 20, 1 << 24, 1 << 26}) b->Arg(d);
-  b->Unit(benchmark::kMillisecond)->UseRealTime();
+  b->Unit(benchmark::kMillisecond)->UseManualTime();
 }
 
 BENCHMARK(copy)->Name("host/copy")->Apply(sizes);

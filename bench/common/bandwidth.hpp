@@ -29,8 +29,20 @@ inline double median(std::vector<double> samples) {
   return samples[samples.size() / 2];
 }
 
+/// Times host work with the wall clock.
+struct host_timer {
+  /// Seconds body() took.
+  template <class Body>
+  double operator()(Body&& body) const {
+    auto const start = std::chrono::steady_clock::now();
+    body();
+    benchmark::ClobberMemory();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
 /// Seconds for an OpenMP-parallel copy of `elements` floats on the host with
-/// `space`'s threads: median of 7 after a warm-up. Cached per size.
+/// `space`'s threads: median of 21 after 3 warm-ups. Cached per size.
 inline double host_copy_seconds(host_space const& space, std::size_t elements) {
   static std::map<std::pair<std::size_t, int>, double> cache;
   auto const key = std::make_pair(elements, space.threads);
@@ -40,15 +52,9 @@ inline double host_copy_seconds(host_space const& space, std::size_t elements) {
   float* d = dst.data();
   parallel_for(space, elements, [s](std::size_t i) { s[i] = static_cast<float>(i & 1023); });
   auto copy = [&] { parallel_for(space, elements, [s, d](std::size_t i) { d[i] = s[i]; }); };
-  copy();
+  for (int rep = 0; rep < 3; ++rep) copy();
   std::vector<double> samples;
-  for (int rep = 0; rep < 7; ++rep) {
-    auto const start = std::chrono::steady_clock::now();
-    copy();
-    benchmark::DoNotOptimize(d);
-    benchmark::ClobberMemory();
-    samples.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
+  for (int rep = 0; rep < 21; ++rep) samples.push_back(host_timer{}(copy));
   return cache[key] = median(samples);
 }
 
@@ -62,12 +68,29 @@ inline std::vector<float> random_gradient(std::size_t elements, unsigned seed) {
   return g;
 }
 
+/// Runs the benchmark loop, timing each iteration with `seconds_of(body)`
+/// (wall clock on the host, CUDA events on a device) as manual time, and
+/// returns the total, which report() needs.
+template <class Timer, class Body>
+double timed_loop(benchmark::State& state, Timer&& seconds_of, Body&& body) {
+  double total = 0;
+  for (auto _ : state) {
+    double const seconds = seconds_of(body);
+    state.SetIterationTime(seconds);
+    total += seconds;
+  }
+  return total;
+}
+
+
 /// Sets the standard counters of a row that processed `elements` gradient
-/// values per iteration, given the copy time of the same gradient.
-inline void report(benchmark::State& state, std::size_t elements, double copy_seconds, std::size_t wire_bytes) {
+/// values per iteration in `total_seconds`, given the copy time of the same
+/// gradient.
+inline void report(benchmark::State& state, std::size_t elements, double copy_seconds, std::size_t wire_bytes,
+                   double total_seconds) {
+  double const per_step = total_seconds / static_cast<double>(state.iterations());
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(elements) * 4);
-  state.counters["copy_fraction"] =
-      benchmark::Counter(copy_seconds * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["copy_fraction"] = copy_seconds / per_step;
   state.counters["wire_B_per_elem"] = static_cast<double>(wire_bytes) / static_cast<double>(elements);
   state.counters["copy_GBps"] = 8.0 * static_cast<double>(elements) / copy_seconds * 1e-9;
 }

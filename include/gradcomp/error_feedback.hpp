@@ -29,10 +29,8 @@ struct none {
   struct ref {
     /// acc for element i given its gradient g.
     GRADCOMP_HOST_DEVICE float accumulate(std::size_t, float g) const { return g; }
-    /// Records the residual acc - sent of element i.
-    GRADCOMP_HOST_DEVICE void keep(std::size_t, float) const {}
-    /// Keeps element i's previous residual (its value was not usable).
-    GRADCOMP_HOST_DEVICE void retain(std::size_t) const {}
+    /// Records element i's next residual.
+    GRADCOMP_HOST_DEVICE void update(std::size_t, float, bool) const {}
   };
 
   /// Per-bucket state: none.
@@ -53,7 +51,7 @@ struct none {
 /// writes the next one into the other buffer, and only a completed step
 /// commits it. A step that fails (a non-finite gradient, a collective error)
 /// leaves the residual exactly as it was. Compressors must write every
-/// element's next residual (keep or retain) on every step. Memory: two
+/// element's next residual (update) on every step. Memory: two
 /// float buffers of the bucket's size.
 struct residual {
   /// Name for messages and reports.
@@ -68,10 +66,12 @@ struct residual {
 
     /// acc = g + e for element i.
     GRADCOMP_HOST_DEVICE float accumulate(std::size_t i, float g) const { return g + previous[i]; }
-    /// Records the residual acc - sent of element i.
-    GRADCOMP_HOST_DEVICE void keep(std::size_t i, float residual) const { next[i] = residual; }
-    /// Keeps element i's previous residual (its value was not usable).
-    GRADCOMP_HOST_DEVICE void retain(std::size_t i) const { next[i] = previous[i]; }
+    /// Records element i's next residual: `residual` (acc - what was sent)
+    /// when its value was usable, else the previous residual, so a NaN never
+    /// enters the state. A select, not a branch, so loops vectorize.
+    GRADCOMP_HOST_DEVICE void update(std::size_t i, float residual, bool usable) const {
+      next[i] = usable ? residual : previous[i];
+    }
   };
 
   /// Per-bucket state: the two buffers and which one is current.
@@ -101,14 +101,13 @@ struct residual {
 };
 
 /// An error-feedback policy: names itself, hands kernels a `ref` with
-/// accumulate / keep / retain, and keeps per-bucket `state<Space>`.
+/// accumulate / update, and keeps per-bucket `state<Space>`.
 template <class E>
 concept policy = requires(typename E::ref r, std::size_t i, float x) {
   { E::name } -> std::convertible_to<std::string_view>;
   { E::enabled } -> std::convertible_to<bool>;
   { r.accumulate(i, x) } -> std::same_as<float>;
-  r.keep(i, x);
-  r.retain(i);
+  r.update(i, x, true);
 };
 
 static_assert(policy<none> && policy<residual>);

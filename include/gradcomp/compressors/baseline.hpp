@@ -33,11 +33,10 @@ struct fp32_encode {
   EF ef;
   GRADCOMP_HOST_DEVICE bool operator()(std::size_t i) const {
     float const acc = ef.accumulate(i, gradient[i]);
-    bool const bad = !(acc <= 3.40282347e38f && acc >= -3.40282347e38f);  // NaN fails both
+    bool const usable = (acc <= 3.40282347e38f) & (acc >= -3.40282347e38f);  // NaN fails both
     gradient[i] = acc;
-    if (bad) ef.retain(i);
-    else ef.keep(i, 0.0f);
-    return bad;
+    ef.update(i, 0.0f, usable);
+    return !usable;
   }
 };
 
@@ -57,12 +56,12 @@ struct cast_encode {
   float ranks;
   GRADCOMP_HOST_DEVICE bool operator()(std::size_t i) const {
     float const acc = ef.accumulate(i, gradient[i]);
-    W const wire(acc / ranks);
-    payload[i] = wire;
-    bool const bad = !(acc <= W::max() && acc >= -W::max());  // NaN fails both
-    if (bad) ef.retain(i);
-    else ef.keep(i, acc - static_cast<float>(wire) * ranks);
-    return bad;
+    // Store first and read back: GCC does not vectorize a named local copy
+    // of the 16-bit struct.
+    payload[i] = W(acc / ranks);
+    bool const usable = (acc <= W::max()) & (acc >= -W::max());  // NaN fails both
+    ef.update(i, acc - static_cast<float>(payload[i]) * ranks, usable);
+    return !usable;
   }
 };
 
