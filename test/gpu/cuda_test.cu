@@ -5,6 +5,10 @@
 
 #include "../common/baseline_suite.hpp"
 
+#if GRADCOMP_TEST_NCCL
+#include <gradcomp/collectives/nccl.hpp>
+#endif
+
 #include <cstdio>
 #include <cstring>
 #include <tuple>
@@ -99,6 +103,38 @@ TEST_CASE("the bf16 pipeline gives bitwise the host's result on the device") {
   });
   for (int r = 0; r < 4; ++r) CHECK(host_out[r] == device_out[r]);
 }
+
+#if GRADCOMP_TEST_NCCL
+// One GPU allows one NCCL rank: the backend's calls, types and error
+// checks, and the allreducer's default (NCCL on the communicator's stream).
+TEST_CASE("the NCCL backend runs the pipeline on one rank") {
+  using namespace gradcomp;
+  cudaStream_t stream;
+  GRADCOMP_CUDA_TRY(cudaStreamCreate(&stream));
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  nccl_communicator comm = nccl_communicator::create(id, 1, 0, stream);
+  CHECK(comm.size() == 1);
+  cuda_space const space{stream};
+
+  auto ints = testing::upload(space, std::vector<std::int32_t>{1, -2, 3});
+  comm.all_reduce(ints.data(), ints.data(), 3, reduce_op::max);
+  comm.wait(std::chrono::seconds(60));
+  CHECK(testing::download(space, ints.data(), 3) == std::vector<std::int32_t>{1, -2, 3});
+
+  std::vector<float> const g = testing::random_gradient(7, 0, 100000);
+  allreducer<bf16, error_feedback::residual> reduce(bf16{}, comm, bucket_layout(g.size()));  // NCCL, cuda_space
+  auto gradient = testing::upload(space, g);
+  reduce(gradient.view());
+  comm.wait(std::chrono::seconds(60));
+  auto const out = testing::download(space, gradient.data(), g.size());
+  std::size_t mismatches = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) mismatches += out[i] == static_cast<float>(bfloat16(g[i])) ? 0 : 1;
+  CHECK(mismatches == 0);
+  CHECK(reduce.wire_bytes() == g.size() * 2 + 8);
+  GRADCOMP_CUDA_TRY(cudaStreamDestroy(stream));
+}
+#endif
 
 int main(int argc, char** argv) {
   if (!gradcomp::cuda_device_available()) {

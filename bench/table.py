@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Prints Google Benchmark JSON from gradcomp's benchmark binaries as one
+markdown table: time per step, gradient bytes per second, fraction of the
+copy bandwidth measured in the same run, wire bytes per element, and the
+time relative to the bf16 baseline row of the same space and size.
+
+    table.py results.json [more.json ...]
+"""
+import json
+import sys
+
+
+def rows(paths):
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        for b in data.get("benchmarks", []):
+            parts = b["name"].split("/")
+            if len(parts) < 3:
+                continue
+            space, what, size = parts[0], parts[1], parts[2]
+            yield {
+                "space": space,
+                "what": what,
+                "elements": int(size),
+                "skipped": b.get("error_occurred", False),
+                "message": b.get("error_message", ""),
+                "ms": b.get("real_time", 0.0) * {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[b.get("time_unit", "ns")],
+                "gbps": b.get("bytes_per_second", 0.0) / 1e9,
+                "copy_fraction": b.get("copy_fraction", 0.0),
+                "wire": b.get("wire_B_per_elem", 0.0),
+            }
+
+
+def main(paths):
+    table = list(rows(paths))
+    if not table:
+        print("no benchmark rows found")
+        return 1
+    bf16 = {(r["space"], r["elements"]): r["ms"] for r in table if r["what"] == "bf16" and not r["skipped"]}
+    print("| row | elements | ms/step | GB/s (gradient) | copy fraction | wire B/elem | time vs bf16 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in table:
+        name = f'{r["space"]}/{r["what"]}'
+        if r["skipped"]:
+            print(f'| {name} | {r["elements"]:,} | skipped: {r["message"]} | | | | |')
+            continue
+        base = bf16.get((r["space"], r["elements"]))
+        ratio = f'{r["ms"] / base:.2f}x' if base else "-"
+        print(f'| {name} | {r["elements"]:,} | {r["ms"]:.3f} | {r["gbps"]:.1f} | {r["copy_fraction"]:.2f} '
+              f'| {r["wire"]:.2f} | {ratio} |')
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

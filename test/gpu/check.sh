@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The GPU check: builds for sm_90, runs the gpu-labelled tests and the CUDA
+# benchmarks, and prints one summary table last.
+#
+#   test/gpu/check.sh prepare   on a machine without a GPU (no GPU needed):
+#                               builds the binaries into .gpu-kit/bin with the
+#                               shared libraries a bare GPU machine may lack,
+#                               plus doctest / Google Benchmark for a rebuild.
+#   test/gpu/check.sh [run]     on the GPU machine: runs the kit's binaries, or
+#                               builds them there first (CMake, ninja, nvcc;
+#                               no network) when the kit has none.
+#
+# Logs and the benchmark JSON go to $OUT (default .gpu-kit/out).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+kit=.gpu-kit
+out=${OUT:-$kit/out}
+arch=${CMAKE_CUDA_ARCHITECTURES:-90}
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH=/usr/local/cuda/bin:$PATH
+
+build() {  # build <dir> [cmake args...]
+  local dir=$1
+  shift
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+    -DGRADCOMP_BUILD_EXAMPLES=OFF "$@" >/dev/null
+  cmake --build "$dir" --target gradcomp_gpu_tests gradcomp_bench_cuda
+}
+
+nccl_lib_dir() {  # NCCL from the CUDA toolkit, else from the nvidia-nccl Python package
+  python3 - <<'PY' 2>/dev/null || true
+import os, nvidia.nccl
+print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))
+PY
+}
+
+prepare() {
+  build build-gpu
+  rm -rf "$kit"
+  mkdir -p "$kit/bin" "$kit/lib" "$kit/prefix/include" "$kit/prefix/lib/cmake" "$kit/prefix/lib/x86_64-linux-gnu/cmake"
+  cp build-gpu/test/gradcomp_gpu_tests build-gpu/bench/gradcomp_bench_cuda "$kit/bin/"
+  # Shared libraries outside the C/CUDA runtime that the binaries load.
+  ldd "$kit"/bin/* | awk '/libbenchmark|libgomp/ {print $3}' | sort -u | xargs -r -I{} cp -L {} "$kit/lib/"
+  # What a rebuild on the GPU machine needs and it lacks: doctest, Google Benchmark.
+  cp -r /usr/include/doctest /usr/include/benchmark "$kit/prefix/include/"
+  cp -r /usr/lib/cmake/doctest "$kit/prefix/lib/cmake/"
+  cp -r /usr/lib/x86_64-linux-gnu/cmake/benchmark "$kit/prefix/lib/x86_64-linux-gnu/cmake/"
+  cp -L /usr/lib/x86_64-linux-gnu/libbenchmark.so.1.7.1 /usr/lib/x86_64-linux-gnu/libbenchmark_main.a \
+    "$kit/prefix/lib/x86_64-linux-gnu/"
+  du -sh "$kit"
+}
+
+run() {
+  local tests_bin=$kit/bin/gradcomp_gpu_tests bench_bin=$kit/bin/gradcomp_bench_cuda nccl
+  nccl=$(nccl_lib_dir)
+  if [ ! -x "$tests_bin" ]; then
+    echo "no prebuilt binaries in $kit: building here"
+    build build-gpu -DCMAKE_PREFIX_PATH="$PWD/$kit/prefix" ${nccl:+-DNCCL_ROOT=$(dirname "$nccl")}
+    tests_bin=build-gpu/test/gradcomp_gpu_tests
+    bench_bin=build-gpu/bench/gradcomp_bench_cuda
+  fi
+  export LD_LIBRARY_PATH="$PWD/$kit/lib:$PWD/$kit/prefix/lib/x86_64-linux-gnu${nccl:+:$nccl}:${LD_LIBRARY_PATH:-}"
+  mkdir -p "$out"
+  nvidia-smi -L 2>/dev/null || echo "nvidia-smi: no GPU listed"
+
+  local status=0 tests
+  "$tests_bin" >"$out/gpu_tests.log" 2>&1 || status=$?
+  case $status in
+    0) tests="passed" ;;
+    77) tests="skipped (no CUDA device)" ;;
+    *) tests="FAILED (exit $status)"; tail -40 "$out/gpu_tests.log" ;;
+  esac
+  "$bench_bin" --benchmark_min_time=0.1 --benchmark_out="$out/bench_cuda.json" \
+    --benchmark_out_format=json >"$out/bench_cuda.log" 2>&1 || echo "benchmark binary failed: see $out/bench_cuda.log"
+
+  echo
+  echo "gpu tests: $tests ($(grep -E 'test cases:' "$out/gpu_tests.log" | sed 's/\x1b\[[0-9;]*m//g' | tail -1))"
+  python3 bench/table.py "$out/bench_cuda.json"
+  [ "$status" = 0 ] || [ "$status" = 77 ]
+}
+
+case "${1:-run}" in
+  prepare) prepare ;;
+  run) run ;;
+  *) echo "usage: $0 [prepare|run]" >&2; exit 2 ;;
+esac
