@@ -15,6 +15,11 @@ def rows(paths):
         with open(path) as f:
             data = json.load(f)
         for b in data.get("benchmarks", []):
+            # With --benchmark_repetitions keep the median of each row only.
+            if b.get("run_type") == "aggregate" and b.get("aggregate_name") != "median":
+                continue
+            if b.get("run_type") == "iteration" and b.get("repetitions", 1) > 1:
+                continue
             parts = b["name"].split("/")
             if len(parts) < 3:
                 continue

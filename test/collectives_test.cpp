@@ -21,9 +21,12 @@ std::vector<T> values_of(int rank, std::size_t count, std::uint32_t seed) {
   std::mt19937 rng(seed + 7919u * static_cast<std::uint32_t>(rank));
   std::vector<T> v(count);
   for (auto& x : v) {
-    if constexpr (std::is_floating_point_v<T>) x = std::uniform_real_distribution<T>(-100, 100)(rng);
-    else if constexpr (std::is_integral_v<T>) x = static_cast<T>(std::uniform_int_distribution<int>(-100, 100)(rng));
-    else x = T(std::uniform_real_distribution<float>(-100, 100)(rng));
+    if constexpr (std::is_floating_point_v<T>)
+      x = std::uniform_real_distribution<T>(-100, 100)(rng);
+    else if constexpr (std::is_integral_v<T>)
+      x = static_cast<T>(std::uniform_int_distribution<int>(-100, 100)(rng));
+    else
+      x = T(std::uniform_real_distribution<float>(-100, 100)(rng));
   }
   return v;
 }
@@ -60,8 +63,7 @@ TEST_CASE_TEMPLATE("local_group all_reduce equals a serial reduction on every ra
         for (int r = 0; r < ranks; ++r) mismatches += std::memcmp(&results[r][i], &expected, sizeof(T)) == 0 ? 0 : 1;
       }
       CHECK(mismatches == 0);
-      for (int r = 1; r < ranks; ++r)
-        CHECK(std::memcmp(results[r].data(), results[0].data(), count * sizeof(T)) == 0);
+      for (int r = 1; r < ranks; ++r) CHECK(std::memcmp(results[r].data(), results[0].data(), count * sizeof(T)) == 0);
     }
   }
 }
@@ -126,8 +128,10 @@ TEST_CASE("local_group ranks that disagree all get the same error, never a hang"
   local_group::run(2, [&](local_group::communicator& comm) {
     std::vector<float> v(4, 1.0f);
     try {
-      if (comm.rank() == 0) comm.all_reduce(v.data(), v.data(), 4, reduce_op::sum);
-      else comm.broadcast(v.data(), 4, 0);
+      if (comm.rank() == 0)
+        comm.all_reduce(v.data(), v.data(), 4, reduce_op::sum);
+      else
+        comm.broadcast(v.data(), 4, 0);
     } catch (gradcomp::collective_error const& e) {
       CHECK(std::string(e.what()).find("different collectives") != std::string::npos);
       ++failures;

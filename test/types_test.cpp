@@ -37,8 +37,7 @@ std::uint16_t reference_bf16(float f) {
   if (std::isinf(f)) return static_cast<std::uint16_t>(u >> 16);
   std::uint32_t const down = u & 0xffff0000u;  // toward zero
   std::uint32_t const up = down + 0x10000u;    // away from zero
-  double const up_value =
-      (up & 0x7fffffffu) == 0x7f800000u ? std::copysign(std::ldexp(1.0, 128), f) : from_bits(up);
+  double const up_value = (up & 0x7fffffffu) == 0x7f800000u ? std::copysign(std::ldexp(1.0, 128), f) : from_bits(up);
   double const below = std::fabs(static_cast<double>(f) - from_bits(down));
   double const above = std::fabs(up_value - f);
   std::uint32_t const chosen = below < above ? down : above < below ? up : (((down >> 16) & 1u) ? up : down);
@@ -46,11 +45,25 @@ std::uint16_t reference_bf16(float f) {
 }
 
 std::vector<float> interesting_floats() {
-  std::vector<float> values = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.0f, 65520.0f, 65536.0f, 1e-8f, -1e-8f,
-                               std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                               std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min(),
-                               std::numeric_limits<float>::min(), 5.960464477539063e-08f, 2.980232238769531e-08f,
-                               6.097555160522461e-05f, 6.103515625e-05f};
+  std::vector<float> values = {0.0f,
+                               -0.0f,
+                               1.0f,
+                               -1.0f,
+                               65504.0f,
+                               65519.0f,
+                               65520.0f,
+                               65536.0f,
+                               1e-8f,
+                               -1e-8f,
+                               std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity(),
+                               std::numeric_limits<float>::max(),
+                               std::numeric_limits<float>::denorm_min(),
+                               std::numeric_limits<float>::min(),
+                               5.960464477539063e-08f,
+                               2.980232238769531e-08f,
+                               6.097555160522461e-05f,
+                               6.103515625e-05f};
   std::mt19937 rng(12345);
   for (int i = 0; i < 2000000; ++i) values.push_back(from_bits(rng()));
   return values;
@@ -84,8 +97,10 @@ TEST_CASE("fp16 conversions match the compiler's _Float16 bit for bit") {
     _Float16 const reference = static_cast<_Float16>(f);
     std::uint16_t reference_bits;
     std::memcpy(&reference_bits, &reference, 2);
-    if (std::isnan(f)) mismatches += std::isnan(static_cast<float>(half(f))) ? 0 : 1;
-    else mismatches += half(f).bits == reference_bits ? 0 : 1;
+    if (std::isnan(f))
+      mismatches += std::isnan(static_cast<float>(half(f))) ? 0 : 1;
+    else
+      mismatches += half(f).bits == reference_bits ? 0 : 1;
   }
   CHECK(mismatches == 0);
   mismatches = 0;

@@ -82,7 +82,6 @@ double timed_loop(benchmark::State& state, Timer&& seconds_of, Body&& body) {
   return total;
 }
 
-
 /// Sets the standard counters of a row that processed `elements` gradient
 /// values per iteration in `total_seconds`, given the copy time of the same
 /// gradient.

@@ -52,10 +52,11 @@ int run(std::size_t d, int ranks) {
       wire = reduce.wire_bytes();
     }
   });
-  std::printf("%-5s %d ranks, %zu elements: relative L2 error %.3g, max abs error %.3g, %zu wire bytes/step "
-              "(%.2f per element)\n",
-              std::string(Compressor::name).c_str(), ranks, d, std::sqrt(sum_error / norm), max_error, wire,
-              static_cast<double>(wire) / static_cast<double>(d));
+  std::printf(
+      "%-5s %d ranks, %zu elements: relative L2 error %.3g, max abs error %.3g, %zu wire bytes/step "
+      "(%.2f per element)\n",
+      std::string(Compressor::name).c_str(), ranks, d, std::sqrt(sum_error / norm), max_error, wire,
+      static_cast<double>(wire) / static_cast<double>(d));
   return 0;
 }
 

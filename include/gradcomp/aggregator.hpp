@@ -54,9 +54,9 @@ struct allgather_aggregator {
   template <class Context, class T, class Memory>
   static void sum(Context& ctx, span<T, Memory> payload, span<std::byte, Memory> scratch) {
     span<T, Memory> const gathered = gather(ctx, span<T const, Memory>(payload), scratch);
-    parallel_for(ctx.space(), payload.size(),
-                 detail::reduce_gathered<T>{gathered.data(), payload.data(), payload.size(), ctx.ranks(),
-                                            reduce_op::sum});
+    parallel_for(
+        ctx.space(), payload.size(),
+        detail::reduce_gathered<T>{gathered.data(), payload.data(), payload.size(), ctx.ranks(), reduce_op::sum});
   }
 
   /// Every rank's payload, rank r's at [r * size, (r + 1) * size) of the
@@ -77,7 +77,6 @@ inline constexpr bool can_aggregate = !A::requires_summable_payload || C::summab
 /// The aggregator a compressor uses unless told otherwise: all-reduce for
 /// summable payloads, all-gather for the rest.
 template <class C>
-using default_aggregator_t =
-    std::conditional_t<C::summable_payload, allreduce_aggregator, allgather_aggregator>;
+using default_aggregator_t = std::conditional_t<C::summable_payload, allreduce_aggregator, allgather_aggregator>;
 
 }  // namespace gradcomp

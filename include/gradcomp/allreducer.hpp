@@ -95,12 +95,19 @@ class allreducer {
   /// The same, running in `space`.
   allreducer(Compressor compressor, Collective& collective, bucket_layout layout, Space space,
              allreducer_options options = {})
-      : compressor_(std::move(compressor)), collective_(&collective), layout_(std::move(layout)), space_(space),
-        options_(options), ef_(space_, layout_.size()) {
+      : compressor_(std::move(compressor)),
+        collective_(&collective),
+        layout_(std::move(layout)),
+        space_(space),
+        options_(options),
+        ef_(space_, layout_.size()) {
     GRADCOMP_EXPECTS(collective.accepts(memory_kind_of<memory>),
                      std::string("allreducer: this collective does not accept ") + memory::name +
                          " memory (an MPI communicator must be declared CUDA-aware for device buffers)");
-    if constexpr (requires { collective.stream(); space.stream; })
+    if constexpr (requires {
+                    collective.stream();
+                    space.stream;
+                  })
       GRADCOMP_EXPECTS(collective.stream() == space.stream,
                        "allreducer: the execution space's CUDA stream differs from the collective's; kernels and "
                        "collectives must be ordered on one stream");
@@ -139,11 +146,7 @@ class allreducer {
   /// The execution space.
   Space const& space() const { return space_; }
   /// The error-feedback residual carried to the next step.
-  auto residual() const
-    requires ErrorFeedback::enabled
-  {
-    return ef_.current();
-  }
+  auto residual() const requires ErrorFeedback::enabled { return ef_.current(); }
   /// Zeroes the error-feedback state.
   void reset_error_feedback() { ef_.reset(); }
 
@@ -166,10 +169,10 @@ class allreducer {
     collective_->all_gather(exchange.data(), exchange.data() + 2, 2);
     space_.to_host(all.data(), exchange.data() + 2, all.size() * sizeof(std::uint64_t));
 
-    for (int r = 1; r < n; ++r) {
+    for (std::size_t r = 1; r < all.size() / 2; ++r) {
       GRADCOMP_EXPECTS(all[2 * r] == all[0], "allreducer: ranks disagree on the bucket size: rank 0 has " +
-                                                  std::to_string(all[0]) + " elements, rank " + std::to_string(r) +
-                                                  " has " + std::to_string(all[2 * r]));
+                                                 std::to_string(all[0]) + " elements, rank " + std::to_string(r) +
+                                                 " has " + std::to_string(all[2 * r]));
       GRADCOMP_EXPECTS(all[2 * r + 1] == all[1],
                        "allreducer: rank " + std::to_string(r) +
                            "'s configuration differs from rank 0's (compressor parameters, tensor shapes, error "

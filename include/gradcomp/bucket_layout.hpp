@@ -14,8 +14,8 @@ namespace gradcomp {
 
 /// One tensor of a bucket: where it starts in the flat buffer and its shape.
 struct tensor_info {
-  std::size_t offset = 0;           ///< First element in the flat buffer.
-  std::vector<std::size_t> shape;   ///< Extents, outermost first; empty for a scalar.
+  std::size_t offset = 0;          ///< First element in the flat buffer.
+  std::vector<std::size_t> shape;  ///< Extents, outermost first; empty for a scalar.
 
   /// Number of elements (1 for a scalar).
   std::size_t numel() const {

@@ -73,15 +73,20 @@ class workspace_carver {
 template <class Space, class Collective, class Aggregator, class ErrorFeedbackRef>
 class step_context {
  public:
-  using space_type = Space;                    ///< The execution space.
-  using memory = typename Space::memory;       ///< Where buffers live.
-  using aggregator = Aggregator;               ///< How payloads combine.
-  using error_feedback_ref = ErrorFeedbackRef; ///< The residual's kernel view.
+  using space_type = Space;                     ///< The execution space.
+  using memory = typename Space::memory;        ///< Where buffers live.
+  using aggregator = Aggregator;                ///< How payloads combine.
+  using error_feedback_ref = ErrorFeedbackRef;  ///< The residual's kernel view.
 
   /// Assembled by the allreducer for each step.
   step_context(Space const& space, Collective& collective, ErrorFeedbackRef ef, bucket_layout const& layout,
                span<std::byte, memory> workspace, std::uint64_t step, nonfinite_policy policy)
-      : space_(space), collective_(collective), ef_(ef), layout_(layout), workspace_(workspace), step_(step),
+      : space_(space),
+        collective_(collective),
+        ef_(ef),
+        layout_(layout),
+        workspace_(workspace),
+        step_(step),
         policy_(policy) {}
 
   /// The execution space.
@@ -164,16 +169,15 @@ class step_context {
 ///   payloads, writing every element's next residual through
 ///   ctx.error_feedback().
 template <class C>
-concept compressor =
-    std::copyable<C> && requires(C const& c, bucket_layout const& layout, int ranks,
-                                 workspace_carver<host_memory>& carver) {
-      { C::name } -> std::convertible_to<std::string_view>;
-      { C::summable_payload } -> std::convertible_to<bool>;
-      c.validate(layout, ranks);
-      { c.fingerprint() } -> std::same_as<std::uint64_t>;
-      c.template carve<allreduce_aggregator>(carver, layout, ranks);
-      { c.template wire_bytes<allreduce_aggregator>(layout, ranks) } -> std::same_as<std::size_t>;
-    };
+concept compressor = std::copyable<C> &&
+    requires(C const& c, bucket_layout const& layout, int ranks, workspace_carver<host_memory>& carver) {
+  { C::name } -> std::convertible_to<std::string_view>;
+  { C::summable_payload } -> std::convertible_to<bool>;
+  c.validate(layout, ranks);
+  { c.fingerprint() } -> std::same_as<std::uint64_t>;
+  c.template carve<allreduce_aggregator>(carver, layout, ranks);
+  { c.template wire_bytes<allreduce_aggregator>(layout, ranks) } -> std::same_as<std::size_t>;
+};
 
 namespace detail {
 

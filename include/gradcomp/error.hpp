@@ -46,7 +46,7 @@ class cuda_error : public error {
 
 /// Throws gradcomp::invalid_argument with `message` (anything convertible to
 /// std::string) when `condition` is false.
-#define GRADCOMP_EXPECTS(condition, message)                                \
-  do {                                                                      \
+#define GRADCOMP_EXPECTS(condition, message)                                    \
+  do {                                                                          \
     if (!(condition)) throw ::gradcomp::invalid_argument(std::string(message)); \
   } while (0)

@@ -18,17 +18,16 @@ namespace gradcomp {
 /// It allocates, copies, zeroes and moves data to and from the host; the
 /// loops themselves are the free functions parallel_for / parallel_count.
 template <class S>
-concept execution_space =
-    std::copyable<S> && requires(S const& s, void* p, void const* q, std::size_t n) {
-      typename S::memory;
-      { s.allocate(n) } -> std::same_as<void*>;
-      s.deallocate(p);
-      s.copy(p, q, n);
-      s.fill_zero(p, n);
-      s.to_host(p, q, n);
-      s.from_host(p, q, n);
-      s.synchronize();
-    };
+concept execution_space = std::copyable<S> && requires(S const& s, void* p, void const* q, std::size_t n) {
+  typename S::memory;
+  { s.allocate(n) } -> std::same_as<void*>;
+  s.deallocate(p);
+  s.copy(p, q, n);
+  s.fill_zero(p, n);
+  s.to_host(p, q, n);
+  s.from_host(p, q, n);
+  s.synchronize();
+};
 
 static_assert(execution_space<host_space>);
 #if GRADCOMP_HAS_CUDA

@@ -59,9 +59,7 @@ GRADCOMP_HOST_DEVICE uint4x32 philox4x32_10(uint4x32 counter, uint2x32 key) {
 
 /// Maps 32 random bits to a float uniform on [0, 1), using the top 24 bits so
 /// every value is exactly representable.
-GRADCOMP_HOST_DEVICE float to_unit_float(std::uint32_t bits) {
-  return static_cast<float>(bits >> 8) * 0x1.0p-24f;
-}
+GRADCOMP_HOST_DEVICE float to_unit_float(std::uint32_t bits) { return static_cast<float>(bits >> 8) * 0x1.0p-24f; }
 
 /// The random numbers of one (seed, step, stream) triple, indexed by element.
 ///
@@ -81,16 +79,14 @@ class random_stream {
 
   /// The four random words of block `index`.
   GRADCOMP_HOST_DEVICE uint4x32 operator()(std::uint64_t index) const {
-    uint4x32 const counter{{static_cast<std::uint32_t>(index),
-                            static_cast<std::uint32_t>(index >> 32), step_, stream_}};
+    uint4x32 const counter{
+        {static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32), step_, stream_}};
     return philox4x32_10(counter, key_);
   }
 
   /// A float uniform on [0, 1) for element `index` (one Philox call per
   /// element; loops that need four numbers per call use operator()).
-  GRADCOMP_HOST_DEVICE float uniform(std::uint64_t index) const {
-    return to_unit_float((*this)(index).v[0]);
-  }
+  GRADCOMP_HOST_DEVICE float uniform(std::uint64_t index) const { return to_unit_float((*this)(index).v[0]); }
 
  private:
   uint2x32 key_;

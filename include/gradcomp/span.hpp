@@ -24,16 +24,17 @@ struct device_memory {
 template <class T, class Memory = host_memory>
 class span {
  public:
-  using element_type = T;          ///< The element type, with its const.
-  using memory = Memory;           ///< host_memory or device_memory.
+  using element_type = T;  ///< The element type, with its const.
+  using memory = Memory;   ///< host_memory or device_memory.
 
   span() = default;
   /// Views `size` elements at `data`.
   GRADCOMP_HOST_DEVICE span(T* data, std::size_t size) : data_(data), size_(size) {}
   /// A view of const elements from a view of mutable ones.
   template <class U>
-    requires std::is_same_v<T const, U const> && std::is_const_v<T> && (!std::is_const_v<U>)
-  GRADCOMP_HOST_DEVICE span(span<U, Memory> other) : data_(other.data()), size_(other.size()) {}
+  requires std::is_same_v<T const, U const> && std::is_const_v<T> &&(!std::is_const_v<U>)GRADCOMP_HOST_DEVICE
+      span(span<U, Memory> other)
+      : data_(other.data()), size_(other.size()) {}
 
   /// Pointer to the first element.
   GRADCOMP_HOST_DEVICE T* data() const { return data_; }
@@ -46,9 +47,7 @@ class span {
   /// Element `i` (unchecked).
   GRADCOMP_HOST_DEVICE T& operator[](std::size_t i) const { return data_[i]; }
   /// Elements [offset, offset + count).
-  GRADCOMP_HOST_DEVICE span subspan(std::size_t offset, std::size_t count) const {
-    return span(data_ + offset, count);
-  }
+  GRADCOMP_HOST_DEVICE span subspan(std::size_t offset, std::size_t count) const { return span(data_ + offset, count); }
   /// Pointer to the first element, for range-for on host views.
   T* begin() const { return data_; }
   /// Pointer one past the last element.

@@ -56,11 +56,9 @@ GRADCOMP_HOST_DEVICE std::uint16_t float_to_half_bits(float value) {
   // Below 2^-14 the result is subnormal: adding 0.5 lines the 10 mantissa bits
   // up at the bottom of the float, and the FPU does the rounding.
   std::uint32_t const subnormal = float_bits(bits_float(f) + 0.5f) - 0x3f000000u;
-  std::uint32_t const normal =
-      (f + 0xc8000fffu + ((f >> 13) & 1u)) >> 13;  // rebias exponent, round
+  std::uint32_t const normal = (f + 0xc8000fffu + ((f >> 13) & 1u)) >> 13;  // rebias exponent, round
   std::uint32_t const special = f > 0x7f800000u ? 0x7e00u : 0x7c00u;
-  std::uint32_t const magnitude =
-      f >= 0x47800000u ? special : (f < 0x38800000u ? subnormal : normal);
+  std::uint32_t const magnitude = f >= 0x47800000u ? special : (f < 0x38800000u ? subnormal : normal);
   return static_cast<std::uint16_t>(magnitude | sign);
 }
 
@@ -69,11 +67,8 @@ GRADCOMP_HOST_DEVICE float half_bits_to_float(std::uint16_t h) {
   std::uint32_t const exponent = magnitude & 0x0f800000u;
   std::uint32_t const normal = magnitude + 0x38000000u;
   std::uint32_t const special = magnitude + 0x70000000u;  // inf / NaN
-  std::uint32_t const subnormal =
-      float_bits(bits_float(magnitude + 0x38800000u) - bits_float(0x38800000u));
-  std::uint32_t const out = exponent == 0x0f800000u ? special
-                            : exponent == 0         ? subnormal
-                                                    : normal;
+  std::uint32_t const subnormal = float_bits(bits_float(magnitude + 0x38800000u) - bits_float(0x38800000u));
+  std::uint32_t const out = exponent == 0x0f800000u ? special : exponent == 0 ? subnormal : normal;
   return bits_float(out | (static_cast<std::uint32_t>(h & 0x8000u) << 16));
 }
 
@@ -106,27 +101,58 @@ struct half {
 };
 
 /// Element types a collective can carry.
-enum class dtype : std::uint8_t {
-  float32, float64, float16, bfloat16, int8, uint8, int32, uint32, int64, uint64
-};
+enum class dtype : std::uint8_t { float32, float64, float16, bfloat16, int8, uint8, int32, uint32, int64, uint64 };
 
 namespace detail {
-template <class T> struct dtype_of;
-template <> struct dtype_of<float> { static constexpr dtype value = dtype::float32; };
-template <> struct dtype_of<double> { static constexpr dtype value = dtype::float64; };
-template <> struct dtype_of<half> { static constexpr dtype value = dtype::float16; };
-template <> struct dtype_of<bfloat16> { static constexpr dtype value = dtype::bfloat16; };
-template <> struct dtype_of<std::int8_t> { static constexpr dtype value = dtype::int8; };
-template <> struct dtype_of<std::uint8_t> { static constexpr dtype value = dtype::uint8; };
-template <> struct dtype_of<std::int32_t> { static constexpr dtype value = dtype::int32; };
-template <> struct dtype_of<std::uint32_t> { static constexpr dtype value = dtype::uint32; };
-template <> struct dtype_of<std::int64_t> { static constexpr dtype value = dtype::int64; };
-template <> struct dtype_of<std::uint64_t> { static constexpr dtype value = dtype::uint64; };
+template <class T>
+struct dtype_of;
+template <>
+struct dtype_of<float> {
+  static constexpr dtype value = dtype::float32;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr dtype value = dtype::float64;
+};
+template <>
+struct dtype_of<half> {
+  static constexpr dtype value = dtype::float16;
+};
+template <>
+struct dtype_of<bfloat16> {
+  static constexpr dtype value = dtype::bfloat16;
+};
+template <>
+struct dtype_of<std::int8_t> {
+  static constexpr dtype value = dtype::int8;
+};
+template <>
+struct dtype_of<std::uint8_t> {
+  static constexpr dtype value = dtype::uint8;
+};
+template <>
+struct dtype_of<std::int32_t> {
+  static constexpr dtype value = dtype::int32;
+};
+template <>
+struct dtype_of<std::uint32_t> {
+  static constexpr dtype value = dtype::uint32;
+};
+template <>
+struct dtype_of<std::int64_t> {
+  static constexpr dtype value = dtype::int64;
+};
+template <>
+struct dtype_of<std::uint64_t> {
+  static constexpr dtype value = dtype::uint64;
+};
 }  // namespace detail
 
 /// True for the element types collectives can carry.
 template <class T>
-concept wire_type = requires { detail::dtype_of<T>::value; };
+concept wire_type = requires {
+  detail::dtype_of<T>::value;
+};
 
 /// The dtype tag of a wire type.
 template <wire_type T>
@@ -135,10 +161,20 @@ inline constexpr dtype dtype_of_v = detail::dtype_of<T>::value;
 /// Size in bytes of one element of `t`.
 constexpr std::size_t size_of(dtype t) {
   switch (t) {
-    case dtype::float64: case dtype::int64: case dtype::uint64: return 8;
-    case dtype::float32: case dtype::int32: case dtype::uint32: return 4;
-    case dtype::float16: case dtype::bfloat16: return 2;
-    case dtype::int8: case dtype::uint8: return 1;
+    case dtype::float64:
+    case dtype::int64:
+    case dtype::uint64:
+      return 8;
+    case dtype::float32:
+    case dtype::int32:
+    case dtype::uint32:
+      return 4;
+    case dtype::float16:
+    case dtype::bfloat16:
+      return 2;
+    case dtype::int8:
+    case dtype::uint8:
+      return 1;
   }
   return 0;
 }

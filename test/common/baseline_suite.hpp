@@ -16,9 +16,8 @@ template <class Compressor, class EF, class Aggregator = default_aggregator_t<Co
 std::vector<std::vector<float>> reduce_steps(Collective& comm, Space const& space,
                                              std::vector<std::vector<float>> const& steps,
                                              allreducer_options options = {}) {
-  allreducer<Compressor, EF, Collective, Aggregator, Space> reducer(Compressor{}, comm,
-                                                                    bucket_layout(steps.front().size()), space,
-                                                                    options);
+  allreducer<Compressor, EF, Collective, Aggregator, Space> reducer(
+      Compressor{}, comm, bucket_layout(steps.front().size()), space, options);
   std::vector<std::vector<float>> outputs;
   for (auto const& g : steps) {
     auto device = upload(space, g);
@@ -105,8 +104,8 @@ TEST_CASE_TEMPLATE_DEFINE("bf16 and fp16 baselines stay within their rounding bo
       CHECK(inexact > 0);  // the test really exercises rounding
     };
     check(reduce_steps<bf16, error_feedback::none>(comm, space, {grads[comm.rank()]}).front(), 0x1.0p-8, 0, "bf16");
-    check(reduce_steps<fp16, error_feedback::none>(comm, space, {grads[comm.rank()]}).front(), 0x1.0p-11,
-          0x1.0p-24, "fp16");
+    check(reduce_steps<fp16, error_feedback::none>(comm, space, {grads[comm.rank()]}).front(), 0x1.0p-11, 0x1.0p-24,
+          "fp16");
   });
 }
 
@@ -123,7 +122,10 @@ TEST_CASE_TEMPLATE_DEFINE("all-gather and all-reduce aggregation agree", Setup, 
     auto compare = [&](auto const& a, auto const& b, double tolerance) {
       std::size_t mismatches = 0;
       for (std::size_t i = 0; i < a.size(); ++i)
-        mismatches += (tolerance == 0 ? same_bits(a[i], b[i]) : std::fabs(a[i] - b[i]) <= tolerance * mean_magnitude(grads, i)) ? 0 : 1;
+        mismatches +=
+            (tolerance == 0 ? same_bits(a[i], b[i]) : std::fabs(a[i] - b[i]) <= tolerance * mean_magnitude(grads, i))
+                ? 0
+                : 1;
       return mismatches;
     };
     bool const local = std::is_same_v<typename Setup::world, local_world>;

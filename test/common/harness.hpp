@@ -31,8 +31,10 @@ template <class Collective>
 std::uint64_t shared_seed(Collective& comm) {
   std::uint64_t seed[1] = {0};
   if (comm.rank() == 0) {
-    if (char const* fixed = std::getenv("GRADCOMP_TEST_SEED")) seed[0] = std::strtoull(fixed, nullptr, 10);
-    else seed[0] = (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+    if (char const* fixed = std::getenv("GRADCOMP_TEST_SEED"))
+      seed[0] = std::strtoull(fixed, nullptr, 10);
+    else
+      seed[0] = (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   }
   comm.broadcast(seed, 1, 0);
   return seed[0];

@@ -11,8 +11,8 @@
 
 #include <cstdio>
 #include <cstring>
-#include <tuple>
 #include <random>
+#include <tuple>
 
 namespace {
 
@@ -84,8 +84,8 @@ TEST_CASE("16-bit conversions round identically on the device and the host") {
     auto const w = gradcomp::testing::download(space, widened.data(), n);
     std::vector<std::uint32_t> widened_bits(n);
     std::memcpy(widened_bits.data(), w.data(), n * 4);
-    return std::tuple(gradcomp::testing::download(space, bf.data(), n), gradcomp::testing::download(space, hf.data(), n),
-                      widened_bits);
+    return std::tuple(gradcomp::testing::download(space, bf.data(), n),
+                      gradcomp::testing::download(space, hf.data(), n), widened_bits);
   };
   CHECK(convert(cuda_space{}) == convert(host_space{}));
 }

@@ -62,13 +62,12 @@ class local_group {
     template <wire_type T>
     void all_gather(T const* send, T* recv, std::size_t count) {
       staged<T> io(send, recv, count, count * size());
-      run({kind::all_gather, dtype_of_v<T>, reduce_op::sum, count, 0, io.send(), io.recv()},
-          [&](post const* posts) {
-            for (int r = 0; r < size(); ++r) {
-              if (count != 0 && posts[r].send != io.recv() + r * count)
-                std::memcpy(io.recv() + r * count, posts[r].send, count * sizeof(T));
-            }
-          });
+      run({kind::all_gather, dtype_of_v<T>, reduce_op::sum, count, 0, io.send(), io.recv()}, [&](post const* posts) {
+        for (int r = 0; r < size(); ++r) {
+          if (count != 0 && posts[r].send != io.recv() + r * count)
+            std::memcpy(io.recv() + r * count, posts[r].send, count * sizeof(T));
+        }
+      });
       io.finish();
     }
 
@@ -76,10 +75,9 @@ class local_group {
     template <wire_type T>
     void broadcast(T* buffer, std::size_t count, int root) {
       staged<T> io(buffer, buffer, count, count);
-      run({kind::broadcast, dtype_of_v<T>, reduce_op::sum, count, root, io.send(), io.recv()},
-          [&](post const* posts) {
-            if (rank_ != root && count != 0) std::memcpy(io.recv(), posts[root].send, count * sizeof(T));
-          });
+      run({kind::broadcast, dtype_of_v<T>, reduce_op::sum, count, root, io.send(), io.recv()}, [&](post const* posts) {
+        if (rank_ != root && count != 0) std::memcpy(io.recv(), posts[root].send, count * sizeof(T));
+      });
       io.finish();
     }
 
@@ -161,8 +159,10 @@ class local_group {
       std::size_t const lo = count * rank_ / n, hi = count * (rank_ + 1) / n;
       T* out = reinterpret_cast<T*>(state_->scratch.data());
       for (std::size_t i = lo; i < hi; ++i) {
+        // NOLINTNEXTLINE(bugprone-signed-char-misuse): int8 elements are signed numbers
         A acc = static_cast<A>(static_cast<T const*>(posts[0].send)[i]);
-        for (int r = 1; r < n; ++r) acc = detail::combine(acc, static_cast<A>(static_cast<T const*>(posts[r].send)[i]), op);
+        for (int r = 1; r < n; ++r)
+          acc = detail::combine(acc, static_cast<A>(static_cast<T const*>(posts[r].send)[i]), op);
         out[i] = static_cast<T>(acc);
       }
     }
@@ -192,8 +192,8 @@ class local_group {
 
   /// The handle for `rank`; give each thread its own.
   communicator comm(int rank) const {
-    GRADCOMP_EXPECTS(rank >= 0 && rank < size(), "local_group: rank " + std::to_string(rank) +
-                                                      " is outside [0, " + std::to_string(size()) + ")");
+    GRADCOMP_EXPECTS(rank >= 0 && rank < size(),
+                     "local_group: rank " + std::to_string(rank) + " is outside [0, " + std::to_string(size()) + ")");
     return communicator(state_, rank);
   }
 
@@ -287,20 +287,19 @@ class local_group {
         communicator::post const& p = posts[r];
         std::ostringstream why;
         if (p.what != first.what)
-          why << "ranks called different collectives: rank 0 " << communicator::kind_name[int(first.what)]
-              << ", rank " << r << ' ' << communicator::kind_name[int(p.what)];
+          why << "ranks called different collectives: rank 0 " << communicator::kind_name[int(first.what)] << ", rank "
+              << r << ' ' << communicator::kind_name[int(p.what)];
         else if (p.type != first.type)
           why << communicator::kind_name[int(p.what)] << ": ranks disagree on the element type: rank 0 "
               << name_of(first.type) << ", rank " << r << ' ' << name_of(p.type);
         else if (p.count != first.count)
-          why << communicator::kind_name[int(p.what)] << ": ranks disagree on the element count: rank 0 "
-              << first.count << ", rank " << r << ' ' << p.count;
+          why << communicator::kind_name[int(p.what)] << ": ranks disagree on the element count: rank 0 " << first.count
+              << ", rank " << r << ' ' << p.count;
         else if (p.op != first.op)
-          why << "all_reduce: ranks disagree on the operator: rank 0 " << name_of(first.op) << ", rank "
-              << r << ' ' << name_of(p.op);
+          why << "all_reduce: ranks disagree on the operator: rank 0 " << name_of(first.op) << ", rank " << r << ' '
+              << name_of(p.op);
         else if (p.root != first.root)
-          why << "broadcast: ranks disagree on the root: rank 0 " << first.root << ", rank " << r << ' '
-              << p.root;
+          why << "broadcast: ranks disagree on the root: rank 0 " << first.root << ", rank " << r << ' ' << p.root;
         if (!why.str().empty()) {
           aborted = true;
           reason = why.str();
@@ -309,8 +308,7 @@ class local_group {
       }
       if (first.what == communicator::kind::broadcast && (first.root < 0 || first.root >= ranks)) {
         aborted = true;
-        reason = "broadcast: root " + std::to_string(first.root) + " is outside [0, " +
-                 std::to_string(ranks) + ")";
+        reason = "broadcast: root " + std::to_string(first.root) + " is outside [0, " + std::to_string(ranks) + ")";
         return;
       }
       std::size_t const bytes = first.count * size_of(first.type);

@@ -18,8 +18,8 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 
 namespace gradcomp {
 
@@ -53,8 +53,7 @@ class mpi_communicator {
   void all_reduce(T const* send, T* recv, std::size_t count, reduce_op op) {
     if (count == 0) return;
     void const* source = send == recv ? MPI_IN_PLACE : static_cast<void const*>(send);
-    check(MPI_Allreduce(source, recv, checked_count(count), datatype<T>(), operation<T>(op), comm_),
-          "MPI_Allreduce");
+    check(MPI_Allreduce(source, recv, checked_count(count), datatype<T>(), operation<T>(op), comm_), "MPI_Allreduce");
   }
 
   /// recv[r * count + i] = send[i] of rank r.
@@ -99,15 +98,24 @@ class mpi_communicator {
   template <class T>
   static MPI_Datatype datatype() {
     constexpr dtype type = dtype_of_v<T>;
-    if constexpr (type == dtype::float32) return MPI_FLOAT;
-    else if constexpr (type == dtype::float64) return MPI_DOUBLE;
-    else if constexpr (type == dtype::float16 || type == dtype::bfloat16) return MPI_UINT16_T;
-    else if constexpr (type == dtype::int8) return MPI_INT8_T;
-    else if constexpr (type == dtype::uint8) return MPI_UINT8_T;
-    else if constexpr (type == dtype::int32) return MPI_INT32_T;
-    else if constexpr (type == dtype::uint32) return MPI_UINT32_T;
-    else if constexpr (type == dtype::int64) return MPI_INT64_T;
-    else return MPI_UINT64_T;
+    if constexpr (type == dtype::float32)
+      return MPI_FLOAT;
+    else if constexpr (type == dtype::float64)
+      return MPI_DOUBLE;
+    else if constexpr (type == dtype::float16 || type == dtype::bfloat16)
+      return MPI_UINT16_T;
+    else if constexpr (type == dtype::int8)
+      return MPI_INT8_T;
+    else if constexpr (type == dtype::uint8)
+      return MPI_UINT8_T;
+    else if constexpr (type == dtype::int32)
+      return MPI_INT32_T;
+    else if constexpr (type == dtype::uint32)
+      return MPI_UINT32_T;
+    else if constexpr (type == dtype::int64)
+      return MPI_INT64_T;
+    else
+      return MPI_UINT64_T;
   }
 
   // The 16-bit float operators: combine in float, round once per pair.
@@ -115,8 +123,7 @@ class mpi_communicator {
   static void combine16(void* in, void* inout, int* len, MPI_Datatype*) {
     auto const* a = static_cast<T const*>(in);
     auto* b = static_cast<T*>(inout);
-    for (int i = 0; i < *len; ++i)
-      b[i] = T(detail::combine(static_cast<float>(a[i]), static_cast<float>(b[i]), Op));
+    for (int i = 0; i < *len; ++i) b[i] = T(detail::combine(static_cast<float>(a[i]), static_cast<float>(b[i]), Op));
   }
 
   template <class T>
@@ -124,8 +131,7 @@ class mpi_communicator {
     if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
       // Created on first use (MPI is initialized by then) and kept for the
       // life of the process, like MPI's own operators.
-      static MPI_Op const ops[3] = {make_op<combine16<T, reduce_op::sum>>(),
-                                    make_op<combine16<T, reduce_op::max>>(),
+      static MPI_Op const ops[3] = {make_op<combine16<T, reduce_op::sum>>(), make_op<combine16<T, reduce_op::max>>(),
                                     make_op<combine16<T, reduce_op::min>>()};
       return ops[static_cast<int>(op)];
     } else {

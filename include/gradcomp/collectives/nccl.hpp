@@ -48,8 +48,11 @@ class nccl_communicator {
   }
 
   nccl_communicator(nccl_communicator&& other) noexcept
-      : comm_(std::exchange(other.comm_, nullptr)), stream_(other.stream_), owned_(std::exchange(other.owned_, false)),
-        rank_(other.rank_), size_(other.size_) {}
+      : comm_(std::exchange(other.comm_, nullptr)),
+        stream_(other.stream_),
+        owned_(std::exchange(other.owned_, false)),
+        rank_(other.rank_),
+        size_(other.size_) {}
   nccl_communicator& operator=(nccl_communicator&&) = delete;
   nccl_communicator(nccl_communicator const&) = delete;
   nccl_communicator& operator=(nccl_communicator const&) = delete;
@@ -143,16 +146,26 @@ class nccl_communicator {
   template <class T>
   static ncclDataType_t type_of() {
     constexpr dtype type = dtype_of_v<T>;
-    if constexpr (type == dtype::float32) return ncclFloat32;
-    else if constexpr (type == dtype::float64) return ncclFloat64;
-    else if constexpr (type == dtype::float16) return ncclFloat16;
-    else if constexpr (type == dtype::bfloat16) return ncclBfloat16;
-    else if constexpr (type == dtype::int8) return ncclInt8;
-    else if constexpr (type == dtype::uint8) return ncclUint8;
-    else if constexpr (type == dtype::int32) return ncclInt32;
-    else if constexpr (type == dtype::uint32) return ncclUint32;
-    else if constexpr (type == dtype::int64) return ncclInt64;
-    else return ncclUint64;
+    if constexpr (type == dtype::float32)
+      return ncclFloat32;
+    else if constexpr (type == dtype::float64)
+      return ncclFloat64;
+    else if constexpr (type == dtype::float16)
+      return ncclFloat16;
+    else if constexpr (type == dtype::bfloat16)
+      return ncclBfloat16;
+    else if constexpr (type == dtype::int8)
+      return ncclInt8;
+    else if constexpr (type == dtype::uint8)
+      return ncclUint8;
+    else if constexpr (type == dtype::int32)
+      return ncclInt32;
+    else if constexpr (type == dtype::uint32)
+      return ncclUint32;
+    else if constexpr (type == dtype::int64)
+      return ncclInt64;
+    else
+      return ncclUint64;
   }
 
   static ncclRedOp_t op_of(reduce_op op) {

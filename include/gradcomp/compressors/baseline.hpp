@@ -181,9 +181,8 @@ struct cast {
                    detail::cast_encode<W, typename Context::error_feedback_ref>{
                        gradient.data(), ws.payload.data(), ctx.error_feedback(), static_cast<float>(ctx.ranks())},
                    ws.counters.data());
-    ctx.agree_all_finite(ws.counters.data(),
-                         std::string("NaN, infinite or beyond the ") + std::string(name) + " lane's range (|x| > " +
-                             std::to_string(W::max()) + ")");
+    ctx.agree_all_finite(ws.counters.data(), std::string("NaN, infinite or beyond the ") + std::string(name) +
+                                                 " lane's range (|x| > " + std::to_string(W::max()) + ")");
     ctx.aggregate(ws.payload, ws.scratch);
     parallel_for(space, gradient.size(), detail::cast_decode<W>{ws.payload.data(), gradient.data()});
   }

@@ -17,15 +17,17 @@ namespace gradcomp::detail {
 template <class T>
 using accumulator_t = std::conditional_t<
     std::is_same_v<T, half> || std::is_same_v<T, bfloat16>, float,
-    std::conditional_t<std::is_integral_v<T>,
-                       std::conditional_t<std::is_signed_v<T>, std::int64_t, std::uint64_t>, T>>;
+    std::conditional_t<std::is_integral_v<T>, std::conditional_t<std::is_signed_v<T>, std::int64_t, std::uint64_t>, T>>;
 
 template <class A>
 GRADCOMP_HOST_DEVICE A combine(A a, A b, reduce_op op) {
   switch (op) {
-    case reduce_op::max: return a < b ? b : a;
-    case reduce_op::min: return b < a ? b : a;
-    default: return a + b;
+    case reduce_op::max:
+      return a < b ? b : a;
+    case reduce_op::min:
+      return b < a ? b : a;
+    default:
+      return a + b;
   }
 }
 

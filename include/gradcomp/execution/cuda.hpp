@@ -18,12 +18,11 @@
 
 /// Throws gradcomp::cuda_error naming the failed call when a CUDA runtime
 /// call does not return cudaSuccess.
-#define GRADCOMP_CUDA_TRY(call)                                                          \
-  do {                                                                                   \
-    cudaError_t const gradcomp_status_ = (call);                                         \
-    if (gradcomp_status_ != cudaSuccess)                                                 \
-      throw ::gradcomp::cuda_error(std::string(#call) + " failed: " +                    \
-                                   cudaGetErrorString(gradcomp_status_));                \
+#define GRADCOMP_CUDA_TRY(call)                                                                              \
+  do {                                                                                                       \
+    cudaError_t const gradcomp_status_ = (call);                                                             \
+    if (gradcomp_status_ != cudaSuccess)                                                                     \
+      throw ::gradcomp::cuda_error(std::string(#call) + " failed: " + cudaGetErrorString(gradcomp_status_)); \
   } while (0)
 
 namespace gradcomp {

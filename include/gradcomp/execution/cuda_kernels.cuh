@@ -25,8 +25,7 @@ __global__ void __launch_bounds__(element_block_threads) for_each_kernel(std::si
 }
 
 template <class F>
-__global__ void __launch_bounds__(element_block_threads)
-    count_kernel(std::size_t n, F f, unsigned long long* counter) {
+__global__ void __launch_bounds__(element_block_threads) count_kernel(std::size_t n, F f, unsigned long long* counter) {
   std::size_t const stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   unsigned count = 0;
   for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)

@@ -25,11 +25,9 @@ struct host_space {
 
   /// Allocates `bytes` aligned to 64 bytes (a cache line, a full AVX-512
   /// vector). Throws std::bad_alloc.
-  void* allocate(std::size_t bytes) const {
-    return ::operator new(bytes == 0 ? 1 : bytes, std::align_val_t{64});
-  }
+  void* allocate(std::size_t bytes) const { return ::operator new (bytes == 0 ? 1 : bytes, std::align_val_t{64}); }
   /// Frees memory from allocate().
-  void deallocate(void* p) const { ::operator delete(p, std::align_val_t{64}); }
+  void deallocate(void* p) const { ::operator delete (p, std::align_val_t{64}); }
   /// Copies `bytes` between buffers of this space.
   void copy(void* dst, void const* src, std::size_t bytes) const {
     if (bytes != 0) std::memcpy(dst, src, bytes);
