@@ -1,4 +1,5 @@
 // 16-bit conversions and the Philox generator against independent references.
+#include <gradcomp/bucket_layout.hpp>
 #include <gradcomp/random.hpp>
 #include <gradcomp/types.hpp>
 
@@ -160,4 +161,32 @@ TEST_CASE("random streams are keyed by seed, step and stream, and counted by ind
   }
   CHECK(distinct.size() == 4u * draws);  // four streams that do not overlap
   CHECK(sum / draws == doctest::Approx(0.5).epsilon(0.01));
+}
+
+TEST_CASE("bucket layouts pack tensors back to back and fingerprint their shapes") {
+  gradcomp::bucket_layout layout;
+  layout.add({64, 3, 3, 3}).add({64}).add({}).add({10, 0});
+  REQUIRE(layout.tensors().size() == 4);
+  CHECK(layout.size() == 64 * 27 + 64 + 1 + 0);
+  auto const& conv = layout.tensors()[0];
+  CHECK(conv.offset == 0);
+  CHECK(conv.rows() == 64);
+  CHECK(conv.cols() == 27);  // PyTorch's view(shape[0], -1)
+  CHECK_FALSE(conv.is_vector());
+  CHECK(layout.tensors()[1].offset == 64 * 27);
+  CHECK(layout.tensors()[1].is_vector());
+  CHECK(layout.tensors()[2].numel() == 1);  // a scalar
+  CHECK(layout.tensors()[2].offset == 64 * 27 + 64);
+  CHECK(layout.tensors()[3].numel() == 0);
+
+  gradcomp::bucket_layout const flat(64 * 27 + 65);
+  CHECK(flat.size() == layout.size());
+  CHECK(flat.fingerprint() != layout.fingerprint());
+  gradcomp::bucket_layout transposed;
+  transposed.add({27, 64}).add({64}).add({}).add({10, 0});
+  CHECK(transposed.size() == layout.size());
+  CHECK(transposed.fingerprint() != layout.fingerprint());
+  gradcomp::bucket_layout same;
+  same.add({64, 3, 3, 3}).add({64}).add({}).add({10, 0});
+  CHECK(same.fingerprint() == layout.fingerprint());
 }
