@@ -16,6 +16,7 @@
 
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/detail/hash.hpp>
+#include <gradcomp/detail/mean_codec.hpp>
 #include <gradcomp/types.hpp>
 
 #include <cstddef>
@@ -33,7 +34,7 @@ struct fp32_encode {
   EF ef;
   GRADCOMP_HOST_DEVICE bool operator()(std::size_t i) const {
     float const acc = ef.accumulate(i, gradient[i]);
-    bool const usable = (acc <= 3.40282347e38f) & (acc >= -3.40282347e38f);  // NaN fails both
+    bool const usable = mean_codec<float>::fits(acc);
     gradient[i] = acc;
     ef.update(i, 0.0f, usable);
     return !usable;
@@ -43,11 +44,10 @@ struct fp32_encode {
 struct divide_by {
   float* data;
   float divisor;
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const { data[i] = data[i] / divisor; }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const { data[i] = mean_codec<float>::mean(data[i], divisor); }
 };
 
-// cast<W>: payload = W(acc / n); the residual is acc minus what this rank
-// sent, n * payload (exact in float for n <= 8192).
+// cast<W>: payload = W(acc / n); the residual is acc minus what was sent.
 template <class W, class EF>
 struct cast_encode {
   float const* gradient;
@@ -58,9 +58,9 @@ struct cast_encode {
     float const acc = ef.accumulate(i, gradient[i]);
     // Store first and read back: GCC does not vectorize a named local copy
     // of the 16-bit struct.
-    payload[i] = W(acc / ranks);
-    bool const usable = (acc <= W::max()) & (acc >= -W::max());  // NaN fails both
-    ef.update(i, acc - static_cast<float>(payload[i]) * ranks, usable);
+    payload[i] = mean_codec<W>::encode(acc, ranks);
+    bool const usable = mean_codec<W>::fits(acc);
+    ef.update(i, acc - mean_codec<W>::sent(payload[i], ranks), usable);
     return !usable;
   }
 };
@@ -69,7 +69,8 @@ template <class W>
 struct cast_decode {
   W const* payload;
   float* gradient;
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const { gradient[i] = static_cast<float>(payload[i]); }
+  float ranks;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const { gradient[i] = mean_codec<W>::mean(payload[i], ranks); }
 };
 
 }  // namespace detail
@@ -184,7 +185,8 @@ struct cast {
     ctx.agree_all_finite(ws.counters.data(), std::string("NaN, infinite or beyond the ") + std::string(name) +
                                                  " lane's range (|x| > " + std::to_string(W::max()) + ")");
     ctx.aggregate(ws.payload, ws.scratch);
-    parallel_for(space, gradient.size(), detail::cast_decode<W>{ws.payload.data(), gradient.data()});
+    parallel_for(space, gradient.size(),
+                 detail::cast_decode<W>{ws.payload.data(), gradient.data(), static_cast<float>(ctx.ranks())});
   }
 };
 

@@ -101,6 +101,16 @@ void parallel_count(cuda_space const& space, std::size_t n, F const& f, std::uin
   detail::cuda_kernels<detail::cuda_kernels_tag, F>::count(space, n, f, counter);
 }
 
+/// For each segment of `segment_size` elements: the sum of value(i)^2 in the
+/// canonical lane order (one warp per segment), then finish(j, sum), whose
+/// true results are counted into `*counter`. Bitwise the same as the host.
+template <class Value, class Finish>
+void segment_sum_of_squares(cuda_space const& space, std::size_t n, std::size_t segment_size, Value const& value,
+                            Finish const& finish, std::uint64_t* counter) {
+  detail::cuda_kernels<detail::cuda_kernels_tag, Value>::segment_sum_of_squares(space, n, segment_size, value, finish,
+                                                                               counter);
+}
+
 }  // namespace gradcomp
 
 #endif  // GRADCOMP_HAS_CUDA

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/lane_sum.hpp>
 #include <gradcomp/span.hpp>
 
 #include <cstddef>
@@ -74,6 +75,31 @@ void parallel_count(host_space const& space, std::size_t n, F const& f, std::uin
   // No `simd` here: GCC vectorizes this reduction better on its own.
   GRADCOMP_OMP(parallel for schedule(static) num_threads(threads) reduction(+ : count))
   for (std::size_t i = 0; i < n; ++i) count += f(i) ? 1u : 0u;
+  *counter += count;
+}
+
+/// For each segment j of `segment_size` consecutive elements of [0, n) (the
+/// last may be shorter): sum = Σ value(i)^2 in the canonical lane order of
+/// detail/lane_sum.hpp, then `*counter += finish(j, sum)` (finish returns
+/// whether the segment was bad). Bitwise the same as the CUDA version.
+template <class Value, class Finish>
+void segment_sum_of_squares(host_space const& space, std::size_t n, std::size_t segment_size, Value const& value,
+                            Finish const& finish, std::uint64_t* counter) {
+  std::size_t const segments = (n + segment_size - 1) / segment_size;
+  [[maybe_unused]] int const threads = space.threads_for(n);
+  std::uint64_t count = 0;
+  GRADCOMP_OMP(parallel for schedule(static) num_threads(threads) reduction(+ : count))
+  for (std::size_t j = 0; j < segments; ++j) {
+    std::size_t const begin = j * segment_size;
+    std::size_t const end = begin + segment_size < n ? begin + segment_size : n;
+    float partial[detail::sum_lanes] = {};
+    std::size_t i = begin;
+    for (; i + detail::sum_lanes <= end; i += detail::sum_lanes)  // whole rows of 32: vectorized
+      for (int lane = 0; lane < detail::sum_lanes; ++lane)
+        partial[lane] = detail::add_square(partial[lane], value(i + lane));
+    for (int lane = 0; i + lane < end; ++lane) partial[lane] = detail::add_square(partial[lane], value(i + lane));
+    count += finish(j, detail::butterfly_sum(partial)) ? 1u : 0u;
+  }
   *counter += count;
 }
 

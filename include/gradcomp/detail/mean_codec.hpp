@@ -1,0 +1,38 @@
+// How a value travels when ranks sum it to form a mean, for each wire type.
+//
+// 16-bit wires carry acc / n, rounded: the 1/n comes before the cast so the
+// n-rank sum stays within the range each term had. fp32 carries acc itself
+// and divides the sum. `sent` is what this rank contributed, in acc's units:
+// error feedback keeps acc - sent (exact in float for n <= 8192).
+#pragma once
+
+#include <gradcomp/config.hpp>
+#include <gradcomp/types.hpp>
+
+#include <type_traits>
+
+namespace gradcomp::detail {
+
+template <class W>
+struct mean_codec {
+  static_assert(std::is_same_v<W, bfloat16> || std::is_same_v<W, half>,
+                "a mean travels as float, bfloat16 or half");
+  /// The wire value for acc on a group of `ranks`.
+  GRADCOMP_HOST_DEVICE static W encode(float acc, float ranks) { return W(acc / ranks); }
+  /// What that wire value contributed to the sum, in acc's units.
+  GRADCOMP_HOST_DEVICE static float sent(W wire, float ranks) { return static_cast<float>(wire) * ranks; }
+  /// The mean from the sum over ranks of the wire values.
+  GRADCOMP_HOST_DEVICE static float mean(W sum, float /*ranks*/) { return static_cast<float>(sum); }
+  /// Whether acc can travel: finite, and the n-rank sum cannot overflow W.
+  GRADCOMP_HOST_DEVICE static bool fits(float acc) { return (acc <= W::max()) & (acc >= -W::max()); }
+};
+
+template <>
+struct mean_codec<float> {
+  GRADCOMP_HOST_DEVICE static float encode(float acc, float) { return acc; }
+  GRADCOMP_HOST_DEVICE static float sent(float wire, float) { return wire; }
+  GRADCOMP_HOST_DEVICE static float mean(float sum, float ranks) { return sum / ranks; }
+  GRADCOMP_HOST_DEVICE static bool fits(float acc) { return (acc <= 3.40282347e38f) & (acc >= -3.40282347e38f); }
+};
+
+}  // namespace gradcomp::detail
