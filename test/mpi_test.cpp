@@ -2,7 +2,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <gradcomp/collectives/mpi.hpp>
 
-#include "common/baseline_suite.hpp"
+#include "common/topk_suite.hpp"
 
 namespace {
 
@@ -45,6 +45,9 @@ TEST_CASE_TEMPLATE_INVOKE(nonfinite_propagate, host_mpi);
 TEST_CASE_TEMPLATE_INVOKE(config_mismatch, host_mpi);
 TEST_CASE_TEMPLATE_INVOKE(lengths, host_mpi);
 TEST_CASE_TEMPLATE_INVOKE(wire_bytes, host_mpi);
+TEST_CASE_TEMPLATE_INVOKE(topkc_mean, host_mpi);
+TEST_CASE_TEMPLATE_INVOKE(topk_mean, host_mpi);
+TEST_CASE_TEMPLATE_INVOKE(sparse_bad_input, host_mpi);
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);

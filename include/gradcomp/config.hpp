@@ -40,3 +40,10 @@
 #else
 #define GRADCOMP_OMP(x)
 #endif
+
+namespace gradcomp::detail {
+/// False, but only once T is known: for static_asserts in primary templates
+/// that must fire only when instantiated.
+template <class... T>
+inline constexpr bool always_false = false;
+}  // namespace gradcomp::detail

@@ -6,5 +6,6 @@
 #error "<gradcomp/cuda.cuh> holds CUDA kernels: include it from a .cu file compiled by nvcc"
 #endif
 
+#include <gradcomp/compressors/topk/select.cuh>
 #include <gradcomp/execution/cuda_kernels.cuh>
 #include <gradcomp/gradcomp.hpp>

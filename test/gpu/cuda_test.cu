@@ -3,7 +3,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <gradcomp/cuda.cuh>
 
-#include "../common/baseline_suite.hpp"
+#include "../common/topk_suite.hpp"
 
 #if GRADCOMP_TEST_NCCL
 #include <gradcomp/collectives/nccl.hpp>
@@ -55,6 +55,11 @@ TEST_CASE_TEMPLATE_INVOKE(nonfinite_propagate, cuda_local);
 TEST_CASE_TEMPLATE_INVOKE(config_mismatch, cuda_local);
 TEST_CASE_TEMPLATE_INVOKE(lengths, cuda_local);
 TEST_CASE_TEMPLATE_INVOKE(wire_bytes, cuda_local);
+TEST_CASE_TEMPLATE_INVOKE(select_matches, cuda_space);
+TEST_CASE_TEMPLATE_INVOKE(topkc_mean, cuda_local);
+TEST_CASE_TEMPLATE_INVOKE(topk_mean, cuda_local);
+TEST_CASE_TEMPLATE_INVOKE(sparse_conserves, cuda_space);
+TEST_CASE_TEMPLATE_INVOKE(sparse_bad_input, cuda_local);
 
 TEST_CASE("Philox draws the same words on the device as on the host") {
   std::size_t const n = 1 << 20;
@@ -88,6 +93,41 @@ TEST_CASE("16-bit conversions round identically on the device and the host") {
                       gradcomp::testing::download(space, hf.data(), n), widened_bits);
   };
   CHECK(convert(cuda_space{}) == convert(host_space{}));
+}
+
+TEST_CASE("TopK-Chunked and TopK give bitwise the host's selection, output and residual on the device") {
+  using namespace gradcomp;
+  using namespace gradcomp::testing;
+  std::vector<std::vector<float>> host_out(4), device_out(4);
+  local_group::run(4, [&](local_group::communicator& comm) {
+    std::uint64_t const seed = shared_seed(comm);
+    std::size_t const d = (1 << 18) + 77;
+    auto run = [&](auto const& space) {
+      using S = std::remove_cvref_t<decltype(space)>;
+      allreducer<topk_chunked<>, error_feedback::residual, local_group::communicator, allreduce_aggregator, S> a(
+          topk_chunked<>{.chunk_size = 128, .fraction = 0.02}, comm, bucket_layout(d), space);
+      allreducer<topk<bfloat16>, error_feedback::residual, local_group::communicator, allgather_aggregator, S> b(
+          topk<bfloat16>{.fraction = 0.01}, comm, bucket_layout(d), space);
+      std::vector<float> all;
+      for (int step = 0; step < 3; ++step) {
+        auto ga = upload(space, random_gradient(seed + step, comm.rank(), d));
+        auto gb = upload(space, random_gradient(seed + step, comm.rank(), d));
+        a(ga.view());
+        b(gb.view());
+        for (auto* v : {ga.data(), gb.data()}) {
+          auto const out = download(space, v, d);
+          all.insert(all.end(), out.begin(), out.end());
+        }
+        auto const ra = download(space, a.residual().data(), d), rb = download(space, b.residual().data(), d);
+        all.insert(all.end(), ra.begin(), ra.end());
+        all.insert(all.end(), rb.begin(), rb.end());
+      }
+      return all;
+    };
+    host_out[comm.rank()] = run(host_space{});
+    device_out[comm.rank()] = run(cuda_space{});
+  });
+  for (int r = 0; r < 4; ++r) CHECK(std::memcmp(host_out[r].data(), device_out[r].data(), host_out[r].size() * 4) == 0);
 }
 
 TEST_CASE("the bf16 pipeline gives bitwise the host's result on the device") {

@@ -15,8 +15,7 @@ namespace gradcomp::detail {
 
 template <class W>
 struct mean_codec {
-  static_assert(std::is_same_v<W, bfloat16> || std::is_same_v<W, half>,
-                "a mean travels as float, bfloat16 or half");
+  static_assert(std::is_same_v<W, bfloat16> || std::is_same_v<W, half>, "a mean travels as float, bfloat16 or half");
   /// The wire value for acc on a group of `ranks`.
   GRADCOMP_HOST_DEVICE static W encode(float acc, float ranks) { return W(acc / ranks); }
   /// What that wire value contributed to the sum, in acc's units.

@@ -77,9 +77,9 @@ inline bool cuda_device_available() {
 
 namespace detail {
 
-template <class Tag, class...>
+template <class Tag, class... F>
 struct cuda_kernels {
-  static_assert(sizeof(Tag) == 0,
+  static_assert(always_false<Tag, F...>,
                 "gradcomp's CUDA kernels are compiled by nvcc: run the cuda_space path from a .cu "
                 "file that includes <gradcomp/cuda.cuh>");
 };
@@ -101,6 +101,14 @@ void parallel_count(cuda_space const& space, std::size_t n, F const& f, std::uin
   detail::cuda_kernels<detail::cuda_kernels_tag, F>::count(space, n, f, counter);
 }
 
+/// The CUDA side of parallel_for_chunks: f(i) for every element, in a
+/// grid-stride kernel (adjacent threads share a chunk, so its branch is
+/// uniform across a warp when the chunk is at least 32 elements).
+template <class F>
+void parallel_for_chunks(cuda_space const& space, std::size_t n, std::size_t /*chunk*/, F const& f) {
+  parallel_for(space, n, f);
+}
+
 /// For each segment of `segment_size` elements: the sum of value(i)^2 in the
 /// canonical lane order (one warp per segment), then finish(j, sum), whose
 /// true results are counted into `*counter`. Bitwise the same as the host.
@@ -108,7 +116,7 @@ template <class Value, class Finish>
 void segment_sum_of_squares(cuda_space const& space, std::size_t n, std::size_t segment_size, Value const& value,
                             Finish const& finish, std::uint64_t* counter) {
   detail::cuda_kernels<detail::cuda_kernels_tag, Value>::segment_sum_of_squares(space, n, segment_size, value, finish,
-                                                                               counter);
+                                                                                counter);
 }
 
 }  // namespace gradcomp

@@ -78,6 +78,18 @@ void parallel_count(host_space const& space, std::size_t n, F const& f, std::uin
   *counter += count;
 }
 
+/// Calls f.chunk(j, begin, end) for every chunk [j * chunk, min(n, (j + 1) *
+/// chunk)) in parallel: for loops whose work depends on the chunk, so the
+/// inner loop is uniform and vectorizes. (The CUDA space calls f(i) per
+/// element instead; f provides both.)
+template <class F>
+void parallel_for_chunks(host_space const& space, std::size_t n, std::size_t chunk, F const& f) {
+  std::size_t const chunks = (n + chunk - 1) / chunk;
+  [[maybe_unused]] int const threads = space.threads_for(n);
+  GRADCOMP_OMP(parallel for schedule(static) num_threads(threads))
+  for (std::size_t j = 0; j < chunks; ++j) f.chunk(j, j * chunk, j * chunk + chunk < n ? j * chunk + chunk : n);
+}
+
 /// For each segment j of `segment_size` consecutive elements of [0, n) (the
 /// last may be shorter): sum = Σ value(i)^2 in the canonical lane order of
 /// detail/lane_sum.hpp, then `*counter += finish(j, sum)` (finish returns

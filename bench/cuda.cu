@@ -1,4 +1,4 @@
-// CUDA benchmarks of the baselines' local work (encode + decode on one
+// CUDA benchmarks of every compressor's local work (encode + decode on one
 // rank), timed with CUDA events, beside a device-to-device copy of the same
 // gradient. Rows are skipped where no GPU is present.
 //
@@ -71,13 +71,13 @@ void copy(benchmark::State& state) {
 
 // One allreducer step on a one-rank world: the compressor's local work.
 template <class Compressor, class EF, nonfinite_policy Policy>
-void step(benchmark::State& state) {
+void step(benchmark::State& state, Compressor compressor) {
   if (skip_without_device(state)) return;
   std::size_t const d = static_cast<std::size_t>(state.range(0));
   cuda_space const space{};
   double const copy_seconds = device_copy_seconds(space, d);
   single_rank<cuda_space> world(space);
-  allreducer<Compressor, EF, single_rank<cuda_space>> reduce(Compressor{}, world, bucket_layout(d), space,
+  allreducer<Compressor, EF, single_rank<cuda_space>> reduce(compressor, world, bucket_layout(d), space,
                                                              {.nonfinite = Policy});
   std::vector<float> const g = bench::random_gradient(d, 42);
   buffer<float, cuda_space> gradient(d, space);
@@ -85,8 +85,8 @@ void step(benchmark::State& state) {
   event_timer timer(space.stream);
   reduce(gradient.view());  // warm-up
   double const total = bench::timed_loop(state, timer, [&] { reduce(gradient.view()); });
-  bench::report(state, d, copy_seconds, Compressor{}.template wire_bytes<allreduce_aggregator>(reduce.layout(), 4),
-                total);
+  bench::report(state, d, copy_seconds,
+                compressor.template wire_bytes<default_aggregator_t<Compressor>>(reduce.layout(), 4), total);
 }
 
 void sizes(benchmark::internal::Benchmark* b) {
@@ -94,16 +94,29 @@ void sizes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseManualTime();
 }
 
-constexpr auto propagate = nonfinite_policy::propagate;
-constexpr auto raise = nonfinite_policy::raise;
-
-BENCHMARK(copy)->Name("cuda/copy")->Apply(sizes);
-BENCHMARK(step<fp32, error_feedback::none, propagate>)->Name("cuda/fp32")->Apply(sizes);
-BENCHMARK(step<bf16, error_feedback::none, propagate>)->Name("cuda/bf16")->Apply(sizes);
-BENCHMARK(step<bf16, error_feedback::residual, propagate>)->Name("cuda/bf16+ef")->Apply(sizes);
-BENCHMARK(step<bf16, error_feedback::residual, raise>)->Name("cuda/bf16+ef+raise")->Apply(sizes);
-BENCHMARK(step<fp16, error_feedback::none, propagate>)->Name("cuda/fp16")->Apply(sizes);
+template <class Compressor, class EF, nonfinite_policy Policy = nonfinite_policy::propagate>
+void add(std::string const& name, Compressor compressor = {}) {
+  benchmark::RegisterBenchmark(name.c_str(), [compressor](benchmark::State& state) {
+    step<Compressor, EF, Policy>(state, compressor);
+  })->Apply(sizes);
+}
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  using namespace gradcomp;
+  benchmark::RegisterBenchmark("cuda/copy", copy)->Apply(sizes);
+  add<fp32, error_feedback::none>("cuda/fp32");
+  add<bf16, error_feedback::none>("cuda/bf16");
+  add<bf16, error_feedback::residual>("cuda/bf16+ef");
+  add<bf16, error_feedback::residual, nonfinite_policy::raise>("cuda/bf16+ef+raise");
+  add<fp16, error_feedback::none>("cuda/fp16");
+  for (double fraction : {0.01, 0.001}) {
+    std::string const pct = fraction == 0.01 ? "@1%" : "@0.1%";
+    add<topk_chunked<>, error_feedback::residual>("cuda/topkc" + pct, {.fraction = fraction});
+    add<topk<bfloat16>, error_feedback::residual>("cuda/topk" + pct, {.fraction = fraction});
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+}

@@ -1,4 +1,4 @@
-// Host benchmarks of the baselines' local work (encode + decode, no
+// Host benchmarks of every compressor's local work (encode + decode, no
 // communication: one rank), beside a plain copy of the same gradient.
 //
 //   gradcomp_bench [--benchmark_filter=...]
@@ -28,12 +28,12 @@ void copy(benchmark::State& state) {
 
 // One allreducer step on a one-rank world: the compressor's local work.
 template <class Compressor, class EF>
-void step(benchmark::State& state) {
+void step(benchmark::State& state, Compressor compressor) {
   std::size_t const d = static_cast<std::size_t>(state.range(0));
   host_space const space{};
   double const copy_seconds = bench::host_copy_seconds(space, d);
   single_rank<host_space> world(space);
-  allreducer<Compressor, EF, single_rank<host_space>> reduce(Compressor{}, world, bucket_layout(d), space,
+  allreducer<Compressor, EF, single_rank<host_space>> reduce(compressor, world, bucket_layout(d), space,
                                                              {.nonfinite = nonfinite_policy::propagate});
   std::vector<float> const g = bench::random_gradient(d, 42);
   buffer<float, host_space> gradient(d, space);
@@ -42,8 +42,8 @@ void step(benchmark::State& state) {
   // stays random, and no kernel's speed depends on the values.
   double const total = bench::timed_loop(state, bench::host_timer{}, [&] { reduce(gradient.view()); });
   // Report the wire bytes of a real multi-rank step of the same bucket.
-  bench::report(state, d, copy_seconds, Compressor{}.template wire_bytes<allreduce_aggregator>(reduce.layout(), 4),
-                total);
+  bench::report(state, d, copy_seconds,
+                compressor.template wire_bytes<default_aggregator_t<Compressor>>(reduce.layout(), 4), total);
 }
 
 void sizes(benchmark::internal::Benchmark* b) {
@@ -51,12 +51,29 @@ void sizes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseManualTime();
 }
 
-BENCHMARK(copy)->Name("host/copy")->Apply(sizes);
-BENCHMARK(step<fp32, error_feedback::none>)->Name("host/fp32")->Apply(sizes);
-BENCHMARK(step<bf16, error_feedback::none>)->Name("host/bf16")->Apply(sizes);
-BENCHMARK(step<bf16, error_feedback::residual>)->Name("host/bf16+ef")->Apply(sizes);
-BENCHMARK(step<fp16, error_feedback::none>)->Name("host/fp16")->Apply(sizes);
+template <class Compressor, class EF>
+void add(std::string const& name, Compressor compressor = {}) {
+  benchmark::RegisterBenchmark(name.c_str(), [compressor](benchmark::State& state) {
+    step<Compressor, EF>(state, compressor);
+  })->Apply(sizes);
+}
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  using namespace gradcomp;
+  benchmark::RegisterBenchmark("host/copy", copy)->Apply(sizes);
+  add<fp32, error_feedback::none>("host/fp32");
+  add<bf16, error_feedback::none>("host/bf16");
+  add<bf16, error_feedback::residual>("host/bf16+ef");
+  add<fp16, error_feedback::none>("host/fp16");
+  // The sparsifiers, with error feedback, at 1% and 0.1% of the elements.
+  for (double fraction : {0.01, 0.001}) {
+    std::string const pct = fraction == 0.01 ? "@1%" : "@0.1%";
+    add<topk_chunked<>, error_feedback::residual>("host/topkc" + pct, {.fraction = fraction});
+    add<topk<bfloat16>, error_feedback::residual>("host/topk" + pct, {.fraction = fraction});
+  }
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+}
