@@ -1,58 +1,12 @@
-// A collective backend of your own is one class with rank(), size(),
-// accepts(), all_reduce(), all_gather() and broadcast() (the concept
-// gradcomp::collective). This one wraps any other backend and measures the
-// time and bytes spent communicating, which is what a training loop needs
-// to split a step into compute, compression and communication.
+// A collective backend of your own, used by an allreducer: see
+// examples/common/timed_collective.hpp for the class (it wraps another
+// backend and measures time and bytes spent communicating).
+#include "../common/timed_collective.hpp"
+
 #include <gradcomp/gradcomp.hpp>
 
-#include <chrono>
 #include <cstdio>
 #include <vector>
-
-/// Forwards to `Inner` and accumulates wall time and message bytes.
-template <gradcomp::collective Inner>
-class timed_collective {
- public:
-  explicit timed_collective(Inner& inner) : inner_(inner) {}
-
-  int rank() const { return inner_.rank(); }
-  int size() const { return inner_.size(); }
-  bool accepts(gradcomp::memory_kind kind) const { return inner_.accepts(kind); }
-
-  template <gradcomp::wire_type T>
-  void all_reduce(T const* send, T* recv, std::size_t count, gradcomp::reduce_op op) {
-    timed(count * sizeof(T), [&] { inner_.all_reduce(send, recv, count, op); });
-  }
-  template <gradcomp::wire_type T>
-  void all_gather(T const* send, T* recv, std::size_t count) {
-    timed(count * sizeof(T) * size(), [&] { inner_.all_gather(send, recv, count); });
-  }
-  template <gradcomp::wire_type T>
-  void broadcast(T* buffer, std::size_t count, int root) {
-    timed(count * sizeof(T), [&] { inner_.broadcast(buffer, count, root); });
-  }
-
-  double seconds() const { return seconds_; }
-  std::size_t bytes() const { return bytes_; }
-  int calls() const { return calls_; }
-
- private:
-  // Host backends return when the data is in place; timing an asynchronous
-  // backend (NCCL) this way would need CUDA events instead.
-  template <class Call>
-  void timed(std::size_t bytes, Call&& call) {
-    auto const start = std::chrono::steady_clock::now();
-    call();
-    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    bytes_ += bytes;
-    ++calls_;
-  }
-
-  Inner& inner_;
-  double seconds_ = 0;
-  std::size_t bytes_ = 0;
-  int calls_ = 0;
-};
 
 static_assert(gradcomp::collective<timed_collective<gradcomp::local_group::communicator>>);
 

@@ -1,0 +1,135 @@
+// train: data-parallel training of an MLP on Fashion-MNIST through a
+// gradcomp compressor, reporting time-to-accuracy.
+//
+//   train [--compressor fp32|fp16|bf16|topk|topkc] [--ratio 0.01] [--chunk 256] [--ef on|off]
+//         [--backend local|mpi] [--ranks 4] [--batch 64] [--lr 0.05] [--momentum 0.9]
+//         [--epochs 3] [--time-budget S] [--target 0.85] [--stop-at-target] [--seed 1]
+//         [--hidden 512,256] [--eval-every 100] [--data DIR] [--out FILE.csv]
+//
+// local (default): ranks are threads of this process. mpi: run under
+// mpiexec, one rank per process.
+#include "trainer.hpp"
+
+#if TRAIN_HAS_MPI
+#include <gradcomp/collectives/mpi.hpp>
+#endif
+
+#include <cblas.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace {
+
+struct cli {
+  train::options o;
+  std::string backend = "local";
+  std::string data = train::default_fashion_mnist_dir;
+  std::string out;
+};
+
+[[noreturn]] void usage(std::string const& why) {
+  std::cerr << "train: " << why << "\n(see the comment at the top of examples/train/main.cpp)\n";
+  std::exit(2);
+}
+
+cli parse(int argc, char** argv) {
+  cli c;
+  for (int i = 1; i < argc; ++i) {
+    std::string const flag = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(flag + " needs a value");
+      return argv[++i];
+    };
+    if (flag == "--compressor") c.o.compressor = value();
+    else if (flag == "--ratio") c.o.ratio = std::stod(value());
+    else if (flag == "--chunk") c.o.chunk = std::stoul(value());
+    else if (flag == "--ef") c.o.error_feedback = value() != "off";
+    else if (flag == "--backend") c.backend = value();
+    else if (flag == "--ranks") c.o.ranks = std::stoi(value());
+    else if (flag == "--batch") c.o.batch = std::stoul(value());
+    else if (flag == "--lr") c.o.lr = std::stof(value());
+    else if (flag == "--momentum") c.o.momentum = std::stof(value());
+    else if (flag == "--epochs") c.o.epochs = std::stod(value());
+    else if (flag == "--time-budget") c.o.time_budget = std::stod(value());
+    else if (flag == "--target") c.o.target = std::stod(value());
+    else if (flag == "--stop-at-target") c.o.stop_at_target = true;
+    else if (flag == "--seed") c.o.seed = std::stoull(value());
+    else if (flag == "--eval-every") c.o.eval_every = std::stoul(value());
+    else if (flag == "--max-steps") c.o.max_steps = std::stoul(value());
+    else if (flag == "--data") c.data = value();
+    else if (flag == "--out") c.out = value();
+    else if (flag == "--hidden") {
+      c.o.hidden.clear();
+      std::stringstream list(value());
+      for (std::string width; std::getline(list, width, ',');) c.o.hidden.push_back(std::stoul(width));
+    } else usage("unknown flag " + flag);
+  }
+  return c;
+}
+
+void report(cli const& c, int ranks, train::result const& r) {
+  std::string const name = c.o.compressor + (c.o.error_feedback ? "" : "-noef");
+  std::printf("%8s %7s %9s %11s %9s %14s %8s %9s\n", "step", "epoch", "wall_s", "compress_s", "comm_s", "wire_bytes",
+              "loss", "test_acc");
+  for (auto const& e : r.records)
+    std::printf("%8zu %7.2f %9.2f %11.3f %9.3f %14zu %8.4f %9.4f\n", e.step, e.epoch, e.wall_s, e.compress_s, e.comm_s,
+                e.wire_bytes, e.loss, e.test_accuracy);
+  auto const& last = r.records.back();
+  std::printf("summary: compressor=%s ranks=%d backend=%s target=%.3f time_to_target_s=%s final_accuracy=%.4f "
+              "steps=%zu wire_bytes_per_step=%zu compress_share=%.3f\n",
+              name.c_str(), ranks, c.backend.c_str(), c.o.target,
+              r.time_to_target < 0 ? "not-reached" : std::to_string(r.time_to_target).c_str(), last.test_accuracy,
+              last.step, r.wire_bytes_per_step, last.wall_s > 0 ? last.compress_s / last.wall_s : 0.0);
+  if (!c.out.empty()) {
+    std::ofstream csv(c.out);
+    csv << "compressor,ranks,step,epoch,wall_s,compress_s,comm_s,wire_bytes,loss,test_acc\n";
+    for (auto const& e : r.records)
+      csv << name << ',' << ranks << ',' << e.step << ',' << e.epoch << ',' << e.wall_s << ',' << e.compress_s << ','
+          << e.comm_s << ',' << e.wire_bytes << ',' << e.loss << ',' << e.test_accuracy << '\n';
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cli const c = parse(argc, argv);
+  openblas_set_num_threads(1);  // one core per rank; the ranks are the parallelism
+  try {
+    train::dataset const train_set = train::load_fashion_mnist(c.data, true);
+    train::dataset const test_set = train::load_fashion_mnist(c.data, false);
+    if (c.backend == "local") {
+      train::result r;
+      gradcomp::local_group::run(c.o.ranks, [&](gradcomp::local_group::communicator& comm) {
+        auto mine = train::train_rank(comm, c.o, train_set, test_set);
+        if (comm.rank() == 0) r = std::move(mine);
+      });
+      report(c, c.o.ranks, r);
+      return 0;
+    }
+#if TRAIN_HAS_MPI
+    if (c.backend == "mpi") {
+      MPI_Init(&argc, &argv);
+      int rank = 0;
+      {
+        gradcomp::mpi_communicator comm(MPI_COMM_WORLD);
+        rank = comm.rank();
+        auto const r = train::train_rank(comm, c.o, train_set, test_set);
+        if (rank == 0) report(c, comm.size(), r);
+      }
+      MPI_Finalize();
+      return 0;
+    }
+#endif
+    usage("unknown or unavailable backend '" + c.backend + "' (local" + (TRAIN_HAS_MPI ? ", mpi)" : ")"));
+  } catch (std::exception const& e) {
+    std::cerr << "train: " << e.what() << '\n';
+    return 1;
+  }
+}
