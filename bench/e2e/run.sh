@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Time-to-accuracy under a real bandwidth limit.
+#
+# Trains the Fashion-MNIST MLP with 4 MPI ranks talking TCP over the loopback
+# of a private network namespace, whose loopback is shaped with tc (token
+# bucket) to each rate in turn, once per compressor, until the target test
+# accuracy; then prints one table (time-to-accuracy, speedup over bf16, final
+# accuracy, wire bytes per step, share of time in compression) and writes
+# e2e.csv and e2e.png to the output folder.
+#
+#   sudo bench/e2e/run.sh [--out DIR] [--rates "unshaped 10gbit 1gbit"] [--target 0.85] [-- more train flags]
+#
+# Needs root (network namespaces, tc) and iproute2, OpenMPI, gnuplot; creates
+# and deletes its own namespace.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+out=e2e-results
+rates="unshaped 10gbit 1gbit"
+target=0.85
+extra=()
+while (($#)); do
+  case $1 in
+    --out) out=$2; shift 2 ;;
+    --rates) rates=$2; shift 2 ;;
+    --target) target=$2; shift 2 ;;
+    --) shift; extra=("$@"); break ;;
+    *) echo "usage: $0 [--out DIR] [--rates LIST] [--target ACC] [-- train flags]" >&2; exit 2 ;;
+  esac
+done
+
+# What each run compares: the baselines, and the compressors at sensible settings.
+compressors=(
+  "fp32|--compressor fp32"
+  "bf16|--compressor bf16"
+  "topkc-10%|--compressor topkc --ratio 0.1 --chunk 256"
+  "topk-1%|--compressor topk --ratio 0.01"
+)
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "$0: needs root to create a network namespace and shape it with tc; run it with sudo" >&2
+  exit 1
+fi
+for tool in ip tc mpiexec gnuplot python3; do
+  command -v "$tool" >/dev/null || { echo "$0: $tool is missing (bash .ci/install-deps installs it)" >&2; exit 1; }
+done
+
+train=build/examples/train
+if [ ! -x "$train" ]; then
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build build --target train
+fi
+
+ns=gradcomp-e2e-$$
+ip netns add "$ns"
+trap 'ip netns del "$ns" 2>/dev/null || true' EXIT
+ip netns exec "$ns" ip link set lo up
+
+burst_of() {  # a token bucket must hold a tick's worth of bytes at its rate
+  case $1 in
+    *gbit) echo "$((${1%gbit} * 512))kb" ;;
+    *mbit) echo "$((${1%mbit} / 2 + 64))kb" ;;
+    *) echo 256kb ;;
+  esac
+}
+
+mkdir -p "$out"
+rm -f "$out"/*.csv
+for rate in $rates; do
+  ip netns exec "$ns" tc qdisc del dev lo root 2>/dev/null || true
+  if [ "$rate" != unshaped ]; then
+    ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$rate" burst "$(burst_of "$rate")" latency 50ms
+  fi
+  for entry in "${compressors[@]}"; do
+    name=${entry%%|*}
+    flags=${entry#*|}
+    echo "== $rate: $name"
+    # shellcheck disable=SC2086
+    ip netns exec "$ns" mpiexec -n 4 --oversubscribe --allow-run-as-root --bind-to none \
+      --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
+      "$train" --backend mpi $flags --target "$target" --stop-at-target --epochs 6 --eval-every 25 \
+      --out "$out/${rate}__${name}.csv" "${extra[@]}" | tail -1
+  done
+done
+
+python3 bench/e2e/report.py --target "$target" --plot "$out/e2e.png" --csv "$out/e2e.csv" "$out"/*__*.csv

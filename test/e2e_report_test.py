@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Tests the time-to-accuracy report of bench/e2e on recorded trainer CSVs
+(test/data/e2e), without shaping a network."""
+import contextlib
+import io
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "bench", "e2e"))
+import report  # noqa: E402
+
+DATA = os.path.join(HERE, "data", "e2e")
+RUNS = sorted(os.path.join(DATA, f) for f in os.listdir(DATA))
+
+
+def run(*args):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert report.main(list(args) + RUNS) == 0
+    return out.getvalue().splitlines()
+
+
+class ReportTest(unittest.TestCase):
+    def test_time_to_accuracy_and_speedup_over_bf16(self):
+        lines = run("--target", "0.8")
+        rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line for line in lines[2:]}
+        # 1gbit: bf16 first reaches 0.80 at 2.56 s, TopK-Chunked at 0.54 s: 4.72x.
+        topkc = [c.strip() for c in rows[("1gbit", "topkc-10%")].strip("|").split("|")]
+        self.assertEqual(topkc[2], "0.5")
+        self.assertEqual(topkc[3], "4.72x")
+        self.assertEqual(topkc[4], "0.8126")
+        self.assertEqual(topkc[5], "0.112")  # 11171600 bytes over 100 steps
+        self.assertEqual(topkc[6], "6.6%")  # 0.0355 s of 0.542 s compressing
+        self.assertEqual([c.strip() for c in rows[("1gbit", "topk-1%")].strip("|").split("|")][3], "0.85x")
+        self.assertEqual([c.strip() for c in rows[("unshaped", "topkc-10%")].strip("|").split("|")][3], "0.57x")
+        self.assertEqual([c.strip() for c in rows[("1gbit", "bf16")].strip("|").split("|")][3], "1.00x")
+        # Fastest network first.
+        networks = [line.split("|")[1].strip() for line in lines[2:]]
+        self.assertEqual(networks, sorted(networks, key=report.rate_key))
+        self.assertEqual(networks[0], "unshaped")
+
+    def test_unreached_target(self):
+        lines = run("--target", "0.9")
+        for line in lines[2:]:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            self.assertEqual(cells[2], "not reached")
+            self.assertEqual(cells[3], "-")
+
+    def test_combined_csv_and_plot(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            csv_path = os.path.join(tmp, "all.csv")
+            png = os.path.join(tmp, "plot.png")
+            args = ["--csv", csv_path] + (["--plot", png] if shutil.which("gnuplot") else [])
+            run(*args)
+            with open(csv_path) as f:
+                lines = f.read().splitlines()
+            self.assertEqual(lines[0], "network,compressor,step,wall_s,compress_s,comm_s,wire_bytes,test_acc")
+            self.assertEqual(len(lines), 1 + 4 + 2 + 4 + 4 + 4)
+            if shutil.which("gnuplot"):
+                with open(png, "rb") as f:
+                    self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+
+if __name__ == "__main__":
+    unittest.main()
