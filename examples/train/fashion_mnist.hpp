@@ -13,10 +13,10 @@ namespace train {
 
 /// Images as floats (standardized), labels as bytes.
 struct dataset {
-  std::vector<float> images;          ///< count x pixels, row-major.
-  std::vector<std::uint8_t> labels;   ///< count labels in 0..9.
-  std::size_t count = 0;              ///< Number of examples.
-  std::size_t pixels = 0;             ///< Values per image (28 x 28).
+  std::vector<float> images;         ///< count x pixels, row-major.
+  std::vector<std::uint8_t> labels;  ///< count labels in 0..9.
+  std::size_t count = 0;             ///< Number of examples.
+  std::size_t pixels = 0;            ///< Values per image (28 x 28).
 };
 
 /// Where the Debian package puts the files.
@@ -27,7 +27,8 @@ namespace detail {
 inline std::vector<std::uint8_t> read_gzip(std::string const& path) {
   gzFile file = gzopen(path.c_str(), "rb");
   if (file == nullptr)
-    throw std::runtime_error(path + ": cannot open it; Fashion-MNIST comes from the Debian package "
+    throw std::runtime_error(path +
+                             ": cannot open it; Fashion-MNIST comes from the Debian package "
                              "dataset-fashion-mnist (apt-get install dataset-fashion-mnist)");
   std::vector<std::uint8_t> bytes;
   std::uint8_t block[1 << 16];

@@ -7,11 +7,16 @@
 //         [--hidden 512,256] [--eval-every 100] [--data DIR] [--out FILE.csv]
 //
 // local (default): ranks are threads of this process. mpi: run under
-// mpiexec, one rank per process.
+// mpiexec, one rank per process. nccl (built with CUDA and NCCL): run under
+// mpiexec with one GPU per rank; MPI starts NCCL and carries control
+// messages, NCCL the gradients.
 #include "trainer.hpp"
 
 #if TRAIN_HAS_MPI
 #include <gradcomp/collectives/mpi.hpp>
+#endif
+#if TRAIN_HAS_NCCL
+#include "nccl_reducer.hpp"
 #endif
 
 #include <cblas.h>
@@ -47,29 +52,48 @@ cli parse(int argc, char** argv) {
       if (i + 1 >= argc) usage(flag + " needs a value");
       return argv[++i];
     };
-    if (flag == "--compressor") c.o.compressor = value();
-    else if (flag == "--ratio") c.o.ratio = std::stod(value());
-    else if (flag == "--chunk") c.o.chunk = std::stoul(value());
-    else if (flag == "--ef") c.o.error_feedback = value() != "off";
-    else if (flag == "--backend") c.backend = value();
-    else if (flag == "--ranks") c.o.ranks = std::stoi(value());
-    else if (flag == "--batch") c.o.batch = std::stoul(value());
-    else if (flag == "--lr") c.o.lr = std::stof(value());
-    else if (flag == "--momentum") c.o.momentum = std::stof(value());
-    else if (flag == "--epochs") c.o.epochs = std::stod(value());
-    else if (flag == "--time-budget") c.o.time_budget = std::stod(value());
-    else if (flag == "--target") c.o.target = std::stod(value());
-    else if (flag == "--stop-at-target") c.o.stop_at_target = true;
-    else if (flag == "--seed") c.o.seed = std::stoull(value());
-    else if (flag == "--eval-every") c.o.eval_every = std::stoul(value());
-    else if (flag == "--max-steps") c.o.max_steps = std::stoul(value());
-    else if (flag == "--data") c.data = value();
-    else if (flag == "--out") c.out = value();
+    if (flag == "--compressor")
+      c.o.compressor = value();
+    else if (flag == "--ratio")
+      c.o.ratio = std::stod(value());
+    else if (flag == "--chunk")
+      c.o.chunk = std::stoul(value());
+    else if (flag == "--ef")
+      c.o.error_feedback = value() != "off";
+    else if (flag == "--backend")
+      c.backend = value();
+    else if (flag == "--ranks")
+      c.o.ranks = std::stoi(value());
+    else if (flag == "--batch")
+      c.o.batch = std::stoul(value());
+    else if (flag == "--lr")
+      c.o.lr = std::stof(value());
+    else if (flag == "--momentum")
+      c.o.momentum = std::stof(value());
+    else if (flag == "--epochs")
+      c.o.epochs = std::stod(value());
+    else if (flag == "--time-budget")
+      c.o.time_budget = std::stod(value());
+    else if (flag == "--target")
+      c.o.target = std::stod(value());
+    else if (flag == "--stop-at-target")
+      c.o.stop_at_target = true;
+    else if (flag == "--seed")
+      c.o.seed = std::stoull(value());
+    else if (flag == "--eval-every")
+      c.o.eval_every = std::stoul(value());
+    else if (flag == "--max-steps")
+      c.o.max_steps = std::stoul(value());
+    else if (flag == "--data")
+      c.data = value();
+    else if (flag == "--out")
+      c.out = value();
     else if (flag == "--hidden") {
       c.o.hidden.clear();
       std::stringstream list(value());
       for (std::string width; std::getline(list, width, ',');) c.o.hidden.push_back(std::stoul(width));
-    } else usage("unknown flag " + flag);
+    } else
+      usage("unknown flag " + flag);
   }
   return c;
 }
@@ -82,11 +106,12 @@ void report(cli const& c, int ranks, train::result const& r) {
     std::printf("%8zu %7.2f %9.2f %11.3f %9.3f %14zu %8.4f %9.4f\n", e.step, e.epoch, e.wall_s, e.compress_s, e.comm_s,
                 e.wire_bytes, e.loss, e.test_accuracy);
   auto const& last = r.records.back();
-  std::printf("summary: compressor=%s ranks=%d backend=%s target=%.3f time_to_target_s=%s final_accuracy=%.4f "
-              "steps=%zu wire_bytes_per_step=%zu compress_share=%.3f\n",
-              name.c_str(), ranks, c.backend.c_str(), c.o.target,
-              r.time_to_target < 0 ? "not-reached" : std::to_string(r.time_to_target).c_str(), last.test_accuracy,
-              last.step, r.wire_bytes_per_step, last.wall_s > 0 ? last.compress_s / last.wall_s : 0.0);
+  std::printf(
+      "summary: compressor=%s ranks=%d backend=%s target=%.3f time_to_target_s=%s final_accuracy=%.4f "
+      "steps=%zu wire_bytes_per_step=%zu compress_share=%.3f\n",
+      name.c_str(), ranks, c.backend.c_str(), c.o.target,
+      r.time_to_target < 0 ? "not-reached" : std::to_string(r.time_to_target).c_str(), last.test_accuracy, last.step,
+      r.wire_bytes_per_step, last.wall_s > 0 ? last.compress_s / last.wall_s : 0.0);
   if (!c.out.empty()) {
     std::ofstream csv(c.out);
     csv << "compressor,ranks,step,epoch,wall_s,compress_s,comm_s,wire_bytes,loss,test_acc\n";
@@ -127,7 +152,32 @@ int main(int argc, char** argv) {
       return 0;
     }
 #endif
-    usage("unknown or unavailable backend '" + c.backend + "' (local" + (TRAIN_HAS_MPI ? ", mpi)" : ")"));
+#if TRAIN_HAS_NCCL
+    if (c.backend == "nccl") {
+      MPI_Init(&argc, &argv);
+      {
+        gradcomp::mpi_communicator control(MPI_COMM_WORLD);
+        int devices = 0;
+        GRADCOMP_CUDA_TRY(cudaGetDeviceCount(&devices));
+        GRADCOMP_CUDA_TRY(cudaSetDevice(control.rank() % devices));
+        ncclUniqueId id{};
+        if (control.rank() == 0) ncclGetUniqueId(&id);
+        control.broadcast(reinterpret_cast<std::uint8_t*>(&id), sizeof id, 0);
+        cudaStream_t stream = nullptr;
+        GRADCOMP_CUDA_TRY(cudaStreamCreate(&stream));
+        {
+          auto nccl = gradcomp::nccl_communicator::create(id, control.size(), control.rank(), stream);
+          auto const r = train::train_rank(control, c.o, train_set, test_set, train::nccl_reducers(c.o, nccl));
+          if (control.rank() == 0) report(c, control.size(), r);
+        }
+        cudaStreamDestroy(stream);
+      }
+      MPI_Finalize();
+      return 0;
+    }
+#endif
+    usage("unknown or unavailable backend '" + c.backend + "' (local" + (TRAIN_HAS_MPI ? ", mpi" : "") +
+          (TRAIN_HAS_NCCL ? ", nccl)" : ")"));
   } catch (std::exception const& e) {
     std::cerr << "train: " << e.what() << '\n';
     return 1;

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -24,41 +25,41 @@ namespace train {
 
 /// What to train, how, and how gradients travel.
 struct options {
-  std::string compressor = "bf16";      ///< fp32, fp16, bf16, topk, topkc.
-  double ratio = 0.01;                  ///< topk: share of elements; topkc: share of chunks.
-  std::size_t chunk = 256;              ///< topkc: chunk size.
-  bool error_feedback = true;           ///< Residual error feedback (none when false).
-  int ranks = 4;                        ///< In-process ranks (MPI: the world's size).
-  std::size_t batch = 64;               ///< Examples per rank per step.
-  float lr = 0.05f;                     ///< SGD learning rate.
-  float momentum = 0.9f;                ///< SGD momentum.
-  double epochs = 3;                    ///< Passes over the training set.
-  double time_budget = 0;               ///< Stop after this many training seconds (0: no limit).
-  double target = 0.85;                 ///< Test accuracy whose first crossing is the time-to-accuracy.
-  bool stop_at_target = false;          ///< End the run when the target is reached.
-  std::uint64_t seed = 1;               ///< Model initialization and data order.
+  std::string compressor = "bf16";               ///< fp32, fp16, bf16, topk, topkc.
+  double ratio = 0.01;                           ///< topk: share of elements; topkc: share of chunks.
+  std::size_t chunk = 256;                       ///< topkc: chunk size.
+  bool error_feedback = true;                    ///< Residual error feedback (none when false).
+  int ranks = 4;                                 ///< In-process ranks (MPI: the world's size).
+  std::size_t batch = 64;                        ///< Examples per rank per step.
+  float lr = 0.05f;                              ///< SGD learning rate.
+  float momentum = 0.9f;                         ///< SGD momentum.
+  double epochs = 3;                             ///< Passes over the training set.
+  double time_budget = 0;                        ///< Stop after this many training seconds (0: no limit).
+  double target = 0.85;                          ///< Test accuracy whose first crossing is the time-to-accuracy.
+  bool stop_at_target = false;                   ///< End the run when the target is reached.
+  std::uint64_t seed = 1;                        ///< Model initialization and data order.
   std::vector<std::size_t> hidden = {512, 256};  ///< Hidden layer widths.
-  std::size_t eval_every = 100;         ///< Steps between test evaluations.
-  std::size_t max_steps = 0;            ///< Stop after this many steps (0: no limit).
-  bool check_replicas = false;          ///< After each step, ranks compare their weights (throws if they differ).
+  std::size_t eval_every = 100;                  ///< Steps between test evaluations.
+  std::size_t max_steps = 0;                     ///< Stop after this many steps (0: no limit).
+  bool check_replicas = false;  ///< After each step, ranks compare their weights (throws if they differ).
 };
 
 /// One evaluation, as rank 0 saw it.
 struct record {
-  std::size_t step;     ///< Steps done.
-  double epoch;         ///< Epochs done.
-  double wall_s;        ///< Training seconds (evaluations excluded).
-  double compress_s;    ///< Seconds in the allreducer outside collectives.
-  double comm_s;        ///< Seconds in collectives.
+  std::size_t step;        ///< Steps done.
+  double epoch;            ///< Epochs done.
+  double wall_s;           ///< Training seconds (evaluations excluded).
+  double compress_s;       ///< Seconds in the allreducer outside collectives.
+  double comm_s;           ///< Seconds in collectives.
   std::size_t wire_bytes;  ///< Bytes put on the wire so far.
-  double loss;          ///< Mean training loss since the last evaluation.
-  double test_accuracy; ///< On the 10000 test images.
+  double loss;             ///< Mean training loss since the last evaluation.
+  double test_accuracy;    ///< On the 10000 test images.
 };
 
 /// A run, as rank 0 saw it.
 struct result {
   std::vector<record> records;
-  double time_to_target = -1;       ///< Training seconds until test accuracy >= target; -1: not reached.
+  double time_to_target = -1;  ///< Training seconds until test accuracy >= target; -1: not reached.
   std::size_t wire_bytes_per_step = 0;
 };
 
@@ -66,40 +67,60 @@ struct result {
 class reducer {
  public:
   virtual ~reducer() = default;
+  /// gradient <- the mean over ranks, in place (host memory).
   virtual void reduce(float* gradient, std::size_t size) = 0;
+  /// Bytes the last step put on the wire.
   virtual std::size_t wire_bytes() const = 0;
+  /// Seconds spent in collectives so far (0 where they cannot be told apart
+  /// from the compression kernels: NCCL runs both on one stream).
+  virtual double comm_seconds() const = 0;
 };
 
-template <class Compressor, class EF, class Collective>
-class reducer_of : public reducer {
- public:
-  reducer_of(Compressor c, Collective& comm, gradcomp::bucket_layout const& layout, gradcomp::host_space space)
-      : reduce_(c, comm, layout, space) {}
-  void reduce(float* gradient, std::size_t size) override { reduce_({gradient, size}); }
-  std::size_t wire_bytes() const override { return reduce_.wire_bytes(); }
+/// Makes the reducer for a model's parameter layout.
+using reducer_factory = std::function<std::unique_ptr<reducer>(gradcomp::bucket_layout const&)>;
 
- private:
-  gradcomp::allreducer<Compressor, EF, Collective, gradcomp::default_aggregator_t<Compressor>, gradcomp::host_space>
-      reduce_;
-};
-
-/// The allreducer `o` names, over `comm`.
-template <class Collective>
-std::unique_ptr<reducer> make_reducer(options const& o, Collective& comm, gradcomp::bucket_layout const& layout,
-                                      gradcomp::host_space space) {
+/// Calls `make(compressor)` with the compressor `o` names.
+template <class Make>
+auto with_compressor(options const& o, Make&& make) {
   using namespace gradcomp;
-  auto make = [&](auto compressor) -> std::unique_ptr<reducer> {
-    using C = decltype(compressor);
-    if (o.error_feedback)
-      return std::make_unique<reducer_of<C, error_feedback::residual, Collective>>(compressor, comm, layout, space);
-    return std::make_unique<reducer_of<C, error_feedback::none, Collective>>(compressor, comm, layout, space);
-  };
   if (o.compressor == "fp32") return make(fp32{});
   if (o.compressor == "fp16") return make(fp16{});
   if (o.compressor == "bf16") return make(bf16{});
-  if (o.compressor == "topk") return make(topk<gradcomp::bfloat16>{.fraction = o.ratio});  // (cblas.h has a bfloat16 too)
+  if (o.compressor == "topk")
+    return make(topk<gradcomp::bfloat16>{.fraction = o.ratio});  // (cblas.h has a bfloat16 too)
   if (o.compressor == "topkc") return make(topk_chunked<>{.chunk_size = o.chunk, .fraction = o.ratio});
   throw std::invalid_argument("unknown compressor '" + o.compressor + "' (fp32, fp16, bf16, topk, topkc)");
+}
+
+/// A host reducer over `Collective`, timing its collectives.
+template <class Compressor, class EF, class Collective>
+class host_reducer : public reducer {
+ public:
+  host_reducer(Compressor c, Collective& comm, gradcomp::bucket_layout const& layout)
+      : timed_(comm), reduce_(c, timed_, layout, gradcomp::host_space{.threads = 1}) {}  // the ranks are the threads
+  void reduce(float* gradient, std::size_t size) override { reduce_({gradient, size}); }
+  std::size_t wire_bytes() const override { return reduce_.wire_bytes(); }
+  double comm_seconds() const override { return timed_.seconds(); }
+
+ private:
+  timed_collective<Collective> timed_;
+  gradcomp::allreducer<Compressor, EF, timed_collective<Collective>, gradcomp::default_aggregator_t<Compressor>,
+                       gradcomp::host_space>
+      reduce_;
+};
+
+/// The host reducer `o` names, over `comm`.
+template <class Collective>
+reducer_factory host_reducers(options const& o, Collective& comm) {
+  return [&o, &comm](gradcomp::bucket_layout const& layout) {
+    return with_compressor(o, [&](auto compressor) -> std::unique_ptr<reducer> {
+      using C = decltype(compressor);
+      if (o.error_feedback)
+        return std::make_unique<host_reducer<C, gradcomp::error_feedback::residual, Collective>>(compressor, comm,
+                                                                                                 layout);
+      return std::make_unique<host_reducer<C, gradcomp::error_feedback::none, Collective>>(compressor, comm, layout);
+    });
+  };
 }
 
 /// Test accuracy of `model`.
@@ -114,9 +135,12 @@ inline double accuracy(mlp& model, dataset const& test) {
 }
 
 /// Trains one rank of `comm`; every rank must call it with the same options.
-/// Returns rank 0's records (other ranks return an empty result).
+/// Gradients travel through the reducer `make` builds (by default over `comm`
+/// itself); `comm` also carries the few control messages. Returns rank 0's
+/// records (other ranks return an empty result).
 template <class Collective>
-result train_rank(Collective& comm, options const& o, dataset const& train_set, dataset const& test_set) {
+result train_rank(Collective& comm, options const& o, dataset const& train_set, dataset const& test_set,
+                  reducer_factory make = {}) {
   using clock = std::chrono::steady_clock;
   int const rank = comm.rank(), ranks = comm.size();
   std::vector<std::size_t> sizes{train_set.pixels};
@@ -125,8 +149,7 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
   mlp model(sizes, o.seed);  // the same weights on every rank
   std::size_t const d = model.layout().size();
 
-  timed_collective<Collective> timed(comm);
-  auto reduce = make_reducer(o, timed, model.layout(), gradcomp::host_space{.threads = 1});
+  auto reduce = (make ? make : host_reducers(o, comm))(model.layout());
 
   // This rank's shard: every ranks-th example, reshuffled each epoch.
   std::vector<std::size_t> shard;
@@ -143,7 +166,8 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
   std::int32_t stop = 0;
   for (std::size_t step = 0; step < total_steps && !stop && (o.max_steps == 0 || step < o.max_steps); ++step) {
     std::size_t const in_epoch = step % steps_per_epoch;
-    if (in_epoch == 0) std::shuffle(shard.begin(), shard.end(), std::mt19937_64(o.seed * 7919 + step / steps_per_epoch * 131 + rank));
+    if (in_epoch == 0)
+      std::shuffle(shard.begin(), shard.end(), std::mt19937_64(o.seed * 7919 + step / steps_per_epoch * 131 + rank));
     for (std::size_t b = 0; b < o.batch; ++b) {
       std::size_t const example = shard[in_epoch * o.batch + b];
       std::memcpy(images.data() + b * train_set.pixels, train_set.images.data() + example * train_set.pixels,
@@ -186,10 +210,10 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
         double const wall = std::chrono::duration<double>(eval_start - start).count() - eval_seconds;
         eval_seconds += std::chrono::duration<double>(clock::now() - eval_start).count();
         out.records.push_back({step + 1, static_cast<double>(step + 1) / steps_per_epoch, wall,
-                               reduce_seconds - timed.seconds(), timed.seconds(), wire, loss_sum / loss_count, acc});
+                               reduce_seconds - reduce->comm_seconds(), reduce->comm_seconds(), wire,
+                               loss_sum / loss_count, acc});
         if (acc >= o.target && out.time_to_target < 0) out.time_to_target = wall;
-        stop = (o.stop_at_target && out.time_to_target >= 0) ||
-               (o.time_budget > 0 && wall >= o.time_budget);
+        stop = (o.stop_at_target && out.time_to_target >= 0) || (o.time_budget > 0 && wall >= o.time_budget);
       }
       loss_sum = 0;
       loss_count = 0;
