@@ -5,6 +5,9 @@
 //   gradcomp_bench_cuda [--benchmark_filter=...]
 #include "common/bandwidth.hpp"
 
+#include "common/layouts.hpp"
+
+#include <gradcomp/compressors/powersgd/powersgd.cuh>
 #include <gradcomp/cuda.cuh>
 
 namespace {
@@ -71,20 +74,23 @@ void copy(benchmark::State& state) {
 
 // One allreducer step on a one-rank world: the compressor's local work.
 template <class Compressor, class EF, nonfinite_policy Policy>
-void step(benchmark::State& state, Compressor compressor) {
+void step(benchmark::State& state, Compressor compressor, bucket_layout const& layout) {
   if (skip_without_device(state)) return;
-  std::size_t const d = static_cast<std::size_t>(state.range(0));
+  std::size_t const d = layout.size();
   cuda_space const space{};
   double const copy_seconds = device_copy_seconds(space, d);
   single_rank<cuda_space> world(space);
-  allreducer<Compressor, EF, single_rank<cuda_space>> reduce(compressor, world, bucket_layout(d), space,
-                                                             {.nonfinite = Policy});
+  allreducer<Compressor, EF, single_rank<cuda_space>> reduce(compressor, world, layout, space, {.nonfinite = Policy});
   std::vector<float> const g = bench::random_gradient(d, 42);
   buffer<float, cuda_space> gradient(d, space);
   space.from_host(gradient.data(), g.data(), d * sizeof(float));
+  buffer<float, cuda_space> pristine(d, space);
+  space.copy(pristine.data(), gradient.data(), d * sizeof(float));
   event_timer timer(space.stream);
   reduce(gradient.view());  // warm-up
-  double const total = bench::timed_loop(state, timer, [&] { reduce(gradient.view()); });
+  double const total = bench::timed_loop(
+      state, timer, [&] { reduce(gradient.view()); },
+      [&] { space.copy(gradient.data(), pristine.data(), d * sizeof(float)); });
   bench::report(state, d, copy_seconds,
                 compressor.template wire_bytes<default_aggregator_t<Compressor>>(reduce.layout(), 4), total);
 }
@@ -97,8 +103,20 @@ void sizes(benchmark::internal::Benchmark* b) {
 template <class Compressor, class EF, nonfinite_policy Policy = nonfinite_policy::propagate>
 void add(std::string const& name, Compressor compressor = {}) {
   benchmark::RegisterBenchmark(name.c_str(), [compressor](benchmark::State& state) {
-    step<Compressor, EF, Policy>(state, compressor);
+    step<Compressor, EF, Policy>(state, compressor, bucket_layout(static_cast<std::size_t>(state.range(0))));
   })->Apply(sizes);
+}
+
+// A row over a shaped bucket (its size is the row's argument).
+template <class Compressor, class EF>
+void add_layout(std::string const& name, bucket_layout const& layout, Compressor compressor = {}) {
+  benchmark::RegisterBenchmark(name.c_str(),
+                               [compressor, layout](benchmark::State& state) {
+                                 step<Compressor, EF, nonfinite_policy::propagate>(state, compressor, layout);
+                               })
+      ->Arg(static_cast<std::int64_t>(layout.size()))
+      ->Unit(benchmark::kMillisecond)
+      ->UseManualTime();
 }
 
 }  // namespace
@@ -116,6 +134,11 @@ int main(int argc, char** argv) {
     add<topk_chunked<>, error_feedback::residual>("cuda/topkc" + pct, {.fraction = fraction});
     add<topk<bfloat16>, error_feedback::residual>("cuda/topk" + pct, {.fraction = fraction});
   }
+  bucket_layout const transformer = bench::transformer_layout();
+  add_layout<bf16, error_feedback::none>("cuda/bf16", transformer);
+  for (std::size_t rank : {1, 4, 16})
+    add_layout<powersgd<>, error_feedback::residual>("cuda/powersgd-r" + std::to_string(rank), transformer,
+                                                     {.rank = rank});
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

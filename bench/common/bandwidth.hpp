@@ -70,11 +70,14 @@ inline std::vector<float> random_gradient(std::size_t elements, unsigned seed) {
 
 /// Runs the benchmark loop, timing each iteration with `seconds_of(body)`
 /// (wall clock on the host, CUDA events on a device) as manual time, and
-/// returns the total, which report() needs.
-template <class Timer, class Body>
-double timed_loop(benchmark::State& state, Timer&& seconds_of, Body&& body) {
+/// returns the total, which report() needs. `prepare` runs untimed before
+/// each iteration (e.g. to restore the input a step overwrote).
+template <class Timer, class Body, class Prepare = void (*)()>
+double timed_loop(
+    benchmark::State& state, Timer&& seconds_of, Body&& body, Prepare&& prepare = [] {}) {
   double total = 0;
   for (auto _ : state) {
+    prepare();
     double const seconds = seconds_of(body);
     state.SetIterationTime(seconds);
     total += seconds;

@@ -17,6 +17,7 @@
 #include <gradcomp/collectives/single_rank.hpp>
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/compressors/baseline.hpp>
+#include <gradcomp/compressors/powersgd.hpp>
 #include <gradcomp/compressors/topk.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/error.hpp>

@@ -26,10 +26,14 @@ build() {  # build <dir> [cmake args...]
   cmake --build "$dir" --target gradcomp_gpu_tests gradcomp_bench_cuda
 }
 
-nccl_lib_dir() {  # NCCL from the CUDA toolkit, else from the nvidia-nccl Python package
+python_lib_dirs() {  # NCCL and cuBLAS from the nvidia-* Python packages, where the machine has them there
   python3 - <<'PY' 2>/dev/null || true
-import os, nvidia.nccl
-print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))
+import glob, os, nvidia
+dirs = set()
+for root in nvidia.__path__:
+    for lib in ("libnccl.so*", "libcublas.so*", "libcublasLt.so*"):
+        dirs.update(os.path.dirname(p) for p in glob.glob(os.path.join(root, "**", lib), recursive=True))
+print(":".join(sorted(dirs)))
 PY
 }
 
@@ -38,8 +42,10 @@ prepare() {
   rm -rf "$kit"
   mkdir -p "$kit/bin" "$kit/lib" "$kit/prefix/include" "$kit/prefix/lib/cmake" "$kit/prefix/lib/x86_64-linux-gnu/cmake"
   cp build-gpu/test/gradcomp_gpu_tests build-gpu/bench/gradcomp_bench_cuda "$kit/bin/"
-  # Shared libraries outside the C/CUDA runtime that the binaries load.
-  ldd "$kit"/bin/* | awk '/libbenchmark|libgomp/ {print $3}' | sort -u | xargs -r -I{} cp -L {} "$kit/lib/"
+  # Shared libraries outside the C/CUDA runtime that the binaries load
+  # (NCCL and cuBLAS come from the GPU machine's Python packages: too big).
+  ldd "$kit"/bin/* | awk '/libbenchmark|libgomp|libopenblas|libgfortran|libquadmath/ {print $3}' | sort -u |
+    xargs -r -I{} cp -L {} "$kit/lib/"
   # What a rebuild on the GPU machine needs and it lacks: doctest, Google Benchmark.
   cp -r /usr/include/doctest /usr/include/benchmark "$kit/prefix/include/"
   cp -r /usr/lib/cmake/doctest "$kit/prefix/lib/cmake/"
@@ -50,15 +56,16 @@ prepare() {
 }
 
 run() {
-  local tests_bin=$kit/bin/gradcomp_gpu_tests bench_bin=$kit/bin/gradcomp_bench_cuda nccl
-  nccl=$(nccl_lib_dir)
+  local tests_bin=$kit/bin/gradcomp_gpu_tests bench_bin=$kit/bin/gradcomp_bench_cuda libs nccl
+  libs=$(python_lib_dirs)
+  nccl=$(echo "$libs" | tr ':' '\n' | grep -m1 nccl || true)
   if [ ! -x "$tests_bin" ]; then
     echo "no prebuilt binaries in $kit: building here"
     build build-gpu -DCMAKE_PREFIX_PATH="$PWD/$kit/prefix" ${nccl:+-DNCCL_ROOT=$(dirname "$nccl")}
     tests_bin=build-gpu/test/gradcomp_gpu_tests
     bench_bin=build-gpu/bench/gradcomp_bench_cuda
   fi
-  export LD_LIBRARY_PATH="$PWD/$kit/lib:$PWD/$kit/prefix/lib/x86_64-linux-gnu${nccl:+:$nccl}:${LD_LIBRARY_PATH:-}"
+  export LD_LIBRARY_PATH="$PWD/$kit/lib:$PWD/$kit/prefix/lib/x86_64-linux-gnu${libs:+:$libs}:${LD_LIBRARY_PATH:-}"
   mkdir -p "$out"
   nvidia-smi -L 2>/dev/null || echo "nvidia-smi: no GPU listed"
 

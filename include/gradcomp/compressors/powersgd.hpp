@@ -1,0 +1,4 @@
+// PowerSGD low-rank compression.
+#pragma once
+
+#include <gradcomp/compressors/powersgd/powersgd.hpp>
