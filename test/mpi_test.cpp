@@ -2,6 +2,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <gradcomp/collectives/mpi.hpp>
 
+#include "common/powersgd_suite.hpp"
 #include "common/topk_suite.hpp"
 
 namespace {
@@ -48,6 +49,7 @@ TEST_CASE_TEMPLATE_INVOKE(wire_bytes, host_mpi);
 TEST_CASE_TEMPLATE_INVOKE(topkc_mean, host_mpi);
 TEST_CASE_TEMPLATE_INVOKE(topk_mean, host_mpi);
 TEST_CASE_TEMPLATE_INVOKE(sparse_bad_input, host_mpi);
+TEST_CASE_TEMPLATE_INVOKE(psgd_ranks, host_mpi);
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);

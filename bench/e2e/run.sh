@@ -35,6 +35,7 @@ compressors=(
   "bf16|--compressor bf16"
   "topkc-10%|--compressor topkc --ratio 0.1 --chunk 256"
   "topk-1%|--compressor topk --ratio 0.01"
+  "powersgd-r4|--compressor powersgd --rank 4"
 )
 
 if [ "$(id -u)" -ne 0 ]; then

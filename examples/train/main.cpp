@@ -1,7 +1,7 @@
 // train: data-parallel training of an MLP on Fashion-MNIST through a
 // gradcomp compressor, reporting time-to-accuracy.
 //
-//   train [--compressor fp32|fp16|bf16|topk|topkc] [--ratio 0.01] [--chunk 256] [--ef on|off]
+//   train [--compressor fp32|fp16|bf16|topk|topkc|powersgd] [--ratio 0.01] [--chunk 256] [--rank 4] [--ef on|off]
 //         [--backend local|mpi] [--ranks 4] [--batch 64] [--lr 0.05] [--momentum 0.9]
 //         [--epochs 3] [--time-budget S] [--target 0.85] [--stop-at-target] [--seed 1]
 //         [--hidden 512,256] [--eval-every 100] [--data DIR] [--out FILE.csv]
@@ -58,6 +58,8 @@ cli parse(int argc, char** argv) {
       c.o.ratio = std::stod(value());
     else if (flag == "--chunk")
       c.o.chunk = std::stoul(value());
+    else if (flag == "--rank")
+      c.o.rank = std::stoul(value());
     else if (flag == "--ef")
       c.o.error_feedback = value() != "off";
     else if (flag == "--backend")

@@ -28,6 +28,7 @@ struct options {
   std::string compressor = "bf16";               ///< fp32, fp16, bf16, topk, topkc.
   double ratio = 0.01;                           ///< topk: share of elements; topkc: share of chunks.
   std::size_t chunk = 256;                       ///< topkc: chunk size.
+  std::size_t rank = 4;                          ///< powersgd: approximation rank.
   bool error_feedback = true;                    ///< Residual error feedback (none when false).
   int ranks = 4;                                 ///< In-process ranks (MPI: the world's size).
   std::size_t batch = 64;                        ///< Examples per rank per step.
@@ -89,7 +90,8 @@ auto with_compressor(options const& o, Make&& make) {
   if (o.compressor == "topk")
     return make(topk<gradcomp::bfloat16>{.fraction = o.ratio});  // (cblas.h has a bfloat16 too)
   if (o.compressor == "topkc") return make(topk_chunked<>{.chunk_size = o.chunk, .fraction = o.ratio});
-  throw std::invalid_argument("unknown compressor '" + o.compressor + "' (fp32, fp16, bf16, topk, topkc)");
+  if (o.compressor == "powersgd") return make(powersgd<>{.rank = o.rank});
+  throw std::invalid_argument("unknown compressor '" + o.compressor + "' (fp32, fp16, bf16, topk, topkc, powersgd)");
 }
 
 /// A host reducer over `Collective`, timing its collectives.
