@@ -9,6 +9,7 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/types.hpp>
 
+#include <cstddef>
 #include <type_traits>
 
 namespace gradcomp::detail {
@@ -32,6 +33,20 @@ struct mean_codec<float> {
   GRADCOMP_HOST_DEVICE static float sent(float wire, float) { return wire; }
   GRADCOMP_HOST_DEVICE static float mean(float sum, float ranks) { return sum / ranks; }
   GRADCOMP_HOST_DEVICE static bool fits(float acc) { return (acc <= 3.40282347e38f) & (acc >= -3.40282347e38f); }
+};
+
+/// acc = g + e into a workspace array, counting the values the wire type W
+/// cannot carry (for compressors that need acc materialized: TopK selects
+/// from it, PowerSGD multiplies by it).
+template <class W, class EF>
+struct accumulate_into {
+  float const* gradient;
+  EF ef;
+  float* acc;
+  GRADCOMP_HOST_DEVICE bool operator()(std::size_t i) const {
+    acc[i] = ef.accumulate(i, gradient[i]);
+    return !mean_codec<W>::fits(acc[i]);
+  }
 };
 
 }  // namespace gradcomp::detail

@@ -19,18 +19,6 @@ GRADCOMP_HOST_DEVICE float gram_schmidt_scale(float norm2, float eps) {
   return norm > 0.0f ? 1.0f / (norm + eps) : 0.0f;
 }
 
-/// acc = g + e into the workspace, counting values that are not finite.
-template <class EF>
-struct psgd_accumulate {
-  float const* gradient;
-  EF ef;
-  float* acc;
-  GRADCOMP_HOST_DEVICE bool operator()(std::size_t i) const {
-    acc[i] = ef.accumulate(i, gradient[i]);
-    return !mean_codec<float>::fits(acc[i]);
-  }
-};
-
 /// A standard normal value for element i of the shared stream (Box-Muller).
 struct psgd_normal_fill {
   random_stream stream;

@@ -278,7 +278,7 @@ struct powersgd {
     std::size_t const d = gradient.size();
 
     space.fill_zero(ws.counters.data(), ws.counters.size_bytes());
-    parallel_count(space, d, detail::psgd_accumulate<EF>{gradient.data(), ef, ws.acc.data()}, ws.counters.data());
+    parallel_count(space, d, detail::accumulate_into<float, EF>{gradient.data(), ef, ws.acc.data()}, ws.counters.data());
     ctx.agree_all_finite(ws.counters.data(), "NaN or infinite");
 
     if (ctx.step() < start_step) {  // warm-up: a plain fp32 all-reduce, nothing kept

@@ -19,6 +19,7 @@
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/compressors/topk/select.hpp>
 #include <gradcomp/detail/hash.hpp>
+#include <gradcomp/detail/mean_codec.hpp>
 #include <gradcomp/types.hpp>
 
 #include <bit>
@@ -29,26 +30,6 @@
 
 namespace gradcomp {
 namespace detail {
-
-// A value on a wire whose sum is taken locally in float: no pre-scaling.
-template <class W>
-GRADCOMP_HOST_DEVICE bool fits_wire(float acc) {
-  if constexpr (std::is_same_v<W, float>)
-    return (acc <= 3.40282347e38f) & (acc >= -3.40282347e38f);
-  else
-    return (acc <= W::max()) & (acc >= -W::max());
-}
-
-template <class W, class EF>
-struct topk_accumulate {
-  float const* gradient;
-  EF ef;
-  float* acc;
-  GRADCOMP_HOST_DEVICE bool operator()(std::size_t i) const {
-    acc[i] = ef.accumulate(i, gradient[i]);
-    return !fits_wire<W>(acc[i]);
-  }
-};
 
 struct magnitude_key {
   float const* acc;
@@ -73,7 +54,7 @@ struct topk_reset {
   EF ef;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const {
     gradient[i] = 0.0f;
-    ef.update(i, acc[i], fits_wire<float>(acc[i]));
+    ef.update(i, acc[i], mean_codec<float>::fits(acc[i]));
   }
 };
 
@@ -85,7 +66,7 @@ struct topk_keep_unsent {
   EF ef;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t q) const {
     std::uint32_t const i = indices[q];
-    ef.update(i, acc[i] - static_cast<float>(values[q]), fits_wire<W>(acc[i]));
+    ef.update(i, acc[i] - static_cast<float>(values[q]), mean_codec<W>::fits(acc[i]));
   }
 };
 
@@ -186,7 +167,7 @@ struct topk {
     std::size_t const d = gradient.size(), sent = ws.indices.size();
 
     space.fill_zero(ws.counters.data(), ws.counters.size_bytes());
-    parallel_count(space, d, detail::topk_accumulate<Value, EF>{gradient.data(), ctx.error_feedback(), ws.acc.data()},
+    parallel_count(space, d, detail::accumulate_into<Value, EF>{gradient.data(), ctx.error_feedback(), ws.acc.data()},
                    ws.counters.data());
     ctx.agree_all_finite(ws.counters.data(), std::string("NaN, infinite or beyond the value type's range"));
 
