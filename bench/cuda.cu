@@ -134,6 +134,14 @@ int main(int argc, char** argv) {
     add<topk_chunked<>, error_feedback::residual>("cuda/topkc" + pct, {.fraction = fraction});
     add<topk<bfloat16>, error_feedback::residual>("cuda/topk" + pct, {.fraction = fraction});
   }
+  // THC: rotation blocks of 256, 1024, 4096 (full rotation) at 2, 4, 8 bits
+  // (8 bits needs 32-bit lanes to sum 4 ranks).
+  for (std::size_t block : {256, 1024, 4096}) {
+    std::string const b = "-B" + std::to_string(block);
+    add<thc<>, error_feedback::residual>("cuda/thc2" + b, {.block = block, .bits = 2});
+    add<thc<>, error_feedback::residual>("cuda/thc4" + b, {.block = block, .bits = 4});
+    add<thc<std::int32_t>, error_feedback::residual>("cuda/thc8" + b, {.block = block, .bits = 8});
+  }
   bucket_layout const transformer = bench::transformer_layout();
   add_layout<bf16, error_feedback::none>("cuda/bf16", transformer);
   for (std::size_t rank : {1, 4, 16})

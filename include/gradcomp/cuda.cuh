@@ -8,6 +8,7 @@
 #endif
 
 #include <gradcomp/compressors/powersgd/powersgd.cuh>
+#include <gradcomp/compressors/thc/thc.cuh>
 #include <gradcomp/compressors/topk/select.cuh>
 #include <gradcomp/execution/cuda_kernels.cuh>
 #include <gradcomp/gradcomp.hpp>

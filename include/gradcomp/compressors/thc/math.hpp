@@ -1,0 +1,78 @@
+// THC's per-element and per-pair math, shared by the host block loops and the
+// CUDA block kernels (each rotation block is one CUDA thread block).
+#pragma once
+
+#include <gradcomp/config.hpp>
+#include <gradcomp/detail/lane_sum.hpp>
+#include <gradcomp/random.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+namespace gradcomp::detail {
+
+/// The random sign of element i, +1 or -1, shared by every rank (the D of
+/// the randomized Hadamard transform): one Philox call covers 128 elements.
+GRADCOMP_HOST_DEVICE float thc_sign(random_stream const& shared, std::size_t i) {
+  uint4x32 const words = shared(i / 128);
+  unsigned const bit = static_cast<unsigned>(i % 128);
+  return ((words.v[bit / 32] >> (bit % 32)) & 1u) ? -1.0f : 1.0f;
+}
+
+/// Butterfly p of stage s on a block: elements lo and lo + 2^s become
+/// (a + b) / sqrt(2) and (a - b) / sqrt(2). Orthonormal, and its own inverse;
+/// stages on different bits commute, so any number of them (partial
+/// rotation) is orthonormal and undone by applying the same stages again.
+GRADCOMP_HOST_DEVICE void thc_butterfly(float* block, std::size_t p, int s) {
+  std::size_t const low_bits = (std::size_t{1} << s) - 1;
+  std::size_t const lo = ((p >> s) << (s + 1)) | (p & low_bits), hi = lo | (std::size_t{1} << s);
+  float const a = block[lo], b = block[hi];
+  block[lo] = (a + b) * 0.70710678118654752f;
+  block[hi] = (a - b) * 0.70710678118654752f;
+}
+
+/// x * y + z rounded once, on host and device alike (no compiler may
+/// contract or split it differently).
+GRADCOMP_HOST_DEVICE float fused(float x, float y, float z) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(x, y, z);
+#else
+  return std::fma(x, y, z);
+#endif
+}
+
+/// THC's published non-uniform table: 16 values in 0..30, symmetric around 15.
+GRADCOMP_HOST_DEVICE int thc_table(int j) {
+  constexpr int values[16] = {0, 3, 5, 7, 9, 11, 13, 14, 16, 17, 19, 21, 23, 25, 27, 30};
+  return values[j];
+}
+
+/// How rotated, scaled coordinates become integer lane values and back.
+/// `top` is the largest value (uniform: 2^bits - 1; table: 30); z in
+/// [-clamp, clamp] maps linearly to x in [0, top].
+struct thc_codec {
+  float clamp;  // T
+  float top;    // largest lane value of one rank
+  bool table;   // THC's table (two unbiased roundings) or uniform (one)
+
+  /// z to an unbiased random lane value, given two uniforms in [0, 1).
+  GRADCOMP_HOST_DEVICE std::uint32_t encode(float z, float u1, float u2) const {
+    z = z < -clamp ? -clamp : (z > clamp ? clamp : z);
+    float const x = fused(z, top / (2.0f * clamp), top * 0.5f);  // in [0, top]
+    float const down = floorf(x);
+    std::uint32_t fine = static_cast<std::uint32_t>(down) + (u1 < x - down ? 1u : 0u);
+    fine = fine > static_cast<std::uint32_t>(top) ? static_cast<std::uint32_t>(top) : fine;
+    if (!table) return fine;
+    int j = 0;  // the table interval [R_j, R_j+1] holding fine
+    while (j < 14 && thc_table(j + 1) <= static_cast<int>(fine)) ++j;
+    int const below = thc_table(j), above = thc_table(j + 1);
+    float const up = static_cast<float>(static_cast<int>(fine) - below) / static_cast<float>(above - below);
+    return static_cast<std::uint32_t>(u2 < up ? above : below);
+  }
+
+  /// A lane value (or the mean over ranks of them) back to z.
+  GRADCOMP_HOST_DEVICE float decode(float value) const { return fused(value, 2.0f * clamp / top, -clamp); }
+};
+
+}  // namespace gradcomp::detail

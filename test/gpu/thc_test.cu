@@ -1,0 +1,42 @@
+// THC on the CUDA space, and its parity with the host path.
+#include <gradcomp/cuda.cuh>
+
+#include "../common/thc_suite.hpp"
+
+using cuda_local = gradcomp::testing::setup<gradcomp::cuda_space, gradcomp::testing::local_world>;
+
+TEST_CASE_TEMPLATE_INVOKE(thc_unbiased, gradcomp::cuda_space);
+TEST_CASE_TEMPLATE_INVOKE(thc_homomorphic, cuda_local);
+TEST_CASE_TEMPLATE_INVOKE(thc_feedback, gradcomp::cuda_space);
+TEST_CASE_TEMPLATE_INVOKE(thc_bad_input, cuda_local);
+
+// Same inputs and seeds: the device draws the same lane values as the host,
+// so outputs and residuals agree bit for bit.
+TEST_CASE("THC gives bitwise the host's result on the device") {
+  using namespace gradcomp;
+  using namespace gradcomp::testing;
+  std::vector<std::vector<float>> host(4), device(4);
+  local_group::run(4, [&](local_group::communicator& comm) {
+    std::uint64_t const seed = shared_seed(comm);
+    std::size_t const d = 3 * 4096 + 500;
+    auto run = [&](auto const& space) {
+      using S = std::remove_cvref_t<decltype(space)>;
+      std::vector<float> all;
+      for (auto c : {thc<>{.block = 4096}, thc<>{.block = 1024, .stages = 5},
+                     thc<>{.block = 256, .quantizer = thc_quantizer::table}}) {
+        allreducer<thc<>, error_feedback::residual, local_group::communicator, allreduce_aggregator, S> reduce(
+            c, comm, bucket_layout(d), space);
+        auto g = upload(space, random_gradient(seed, comm.rank(), d));
+        reduce(g.view());
+        auto const out = download(space, g.data(), d);
+        auto const res = download(space, reduce.residual().data(), d);
+        all.insert(all.end(), out.begin(), out.end());
+        all.insert(all.end(), res.begin(), res.end());
+      }
+      return all;
+    };
+    host[comm.rank()] = run(host_space{});
+    device[comm.rank()] = run(cuda_space{});
+  });
+  for (int r = 0; r < 4; ++r) CHECK(std::memcmp(host[r].data(), device[r].data(), host[r].size() * 4) == 0);
+}
