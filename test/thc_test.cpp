@@ -22,8 +22,8 @@ TEST_CASE("partial and full Walsh-Hadamard rotations keep norms and invert") {
       for (int s = 0; s < stages; ++s)
         for (std::size_t q = 0; q < block / 2; ++q) gradcomp::detail::thc_butterfly(y.data(), q, s);
       double nx = 0, ny = 0, moved = 0;
-      for (std::size_t i = 0; i < block; ++i) nx += double(x[i]) * x[i], ny += double(y[i]) * y[i],
-                                             moved += std::fabs(y[i] - x[i]);
+      for (std::size_t i = 0; i < block; ++i)
+        nx += double(x[i]) * x[i], ny += double(y[i]) * y[i], moved += std::fabs(y[i] - x[i]);
       CHECK(std::fabs(std::sqrt(ny) - std::sqrt(nx)) <= 1e-6 * std::sqrt(nx));
       CHECK(moved > 0);
       for (int s = 0; s < stages; ++s)

@@ -34,7 +34,7 @@ void write_gzip(std::string const& path, std::vector<std::uint8_t> const& bytes)
 
 TEST_CASE("a short data-parallel run learns and keeps the replicas identical, for every compressor") {
   openblas_set_num_threads(1);
-  for (std::string compressor : {"fp32", "fp16", "bf16", "topk", "topkc", "powersgd"}) {
+  for (std::string compressor : {"fp32", "fp16", "bf16", "topk", "topkc", "powersgd", "thc"}) {
     for (bool ef : {true, false}) {
       train::options o;
       o.compressor = compressor;

@@ -36,6 +36,7 @@ compressors=(
   "topkc-10%|--compressor topkc --ratio 0.1 --chunk 256"
   "topk-1%|--compressor topk --ratio 0.01"
   "powersgd-r4|--compressor powersgd --rank 4"
+  "thc-4bit|--compressor thc --bits 4 --block 1024"
 )
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -30,7 +30,7 @@ class device_reducer : public reducer {
 
 reducer_factory nccl_reducers(options const& o, gradcomp::nccl_communicator& comm) {
   return [&o, &comm](gradcomp::bucket_layout const& layout) {
-    return with_compressor(o, [&](auto compressor) -> std::unique_ptr<reducer> {
+    return with_compressor(o, comm.size(), [&](auto compressor) -> std::unique_ptr<reducer> {
       using C = decltype(compressor);
       if (o.error_feedback)
         return std::make_unique<device_reducer<C, gradcomp::error_feedback::residual>>(compressor, comm, layout);

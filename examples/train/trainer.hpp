@@ -29,6 +29,8 @@ struct options {
   double ratio = 0.01;                           ///< topk: share of elements; topkc: share of chunks.
   std::size_t chunk = 256;                       ///< topkc: chunk size.
   std::size_t rank = 4;                          ///< powersgd: approximation rank.
+  int bits = 4;                                  ///< thc: bits per level (uniform quantizer).
+  std::size_t block = 1024;                      ///< thc: rotation block.
   bool error_feedback = true;                    ///< Residual error feedback (none when false).
   int ranks = 4;                                 ///< In-process ranks (MPI: the world's size).
   std::size_t batch = 64;                        ///< Examples per rank per step.
@@ -80,9 +82,9 @@ class reducer {
 /// Makes the reducer for a model's parameter layout.
 using reducer_factory = std::function<std::unique_ptr<reducer>(gradcomp::bucket_layout const&)>;
 
-/// Calls `make(compressor)` with the compressor `o` names.
+/// Calls `make(compressor)` with the compressor `o` names for `ranks` ranks.
 template <class Make>
-auto with_compressor(options const& o, Make&& make) {
+auto with_compressor(options const& o, int ranks, Make&& make) {
   using namespace gradcomp;
   if (o.compressor == "fp32") return make(fp32{});
   if (o.compressor == "fp16") return make(fp16{});
@@ -91,7 +93,13 @@ auto with_compressor(options const& o, Make&& make) {
     return make(topk<gradcomp::bfloat16>{.fraction = o.ratio});  // (cblas.h has a bfloat16 too)
   if (o.compressor == "topkc") return make(topk_chunked<>{.chunk_size = o.chunk, .fraction = o.ratio});
   if (o.compressor == "powersgd") return make(powersgd<>{.rank = o.rank});
-  throw std::invalid_argument("unknown compressor '" + o.compressor + "' (fp32, fp16, bf16, topk, topkc, powersgd)");
+  if (o.compressor == "thc") {  // byte lanes while the ranks' summed levels fit in them, else 32-bit lanes
+    thc<std::uint8_t> const bytes{.block = o.block, .bits = o.bits};
+    if (static_cast<std::uint64_t>(ranks) * bytes.top() <= 255) return make(bytes);
+    return make(thc<std::int32_t>{.block = o.block, .bits = o.bits});
+  }
+  throw std::invalid_argument("unknown compressor '" + o.compressor +
+                              "' (fp32, fp16, bf16, topk, topkc, powersgd, thc)");
 }
 
 /// A host reducer over `Collective`, timing its collectives.
@@ -115,7 +123,7 @@ class host_reducer : public reducer {
 template <class Collective>
 reducer_factory host_reducers(options const& o, Collective& comm) {
   return [&o, &comm](gradcomp::bucket_layout const& layout) {
-    return with_compressor(o, [&](auto compressor) -> std::unique_ptr<reducer> {
+    return with_compressor(o, comm.size(), [&](auto compressor) -> std::unique_ptr<reducer> {
       using C = decltype(compressor);
       if (o.error_feedback)
         return std::make_unique<host_reducer<C, gradcomp::error_feedback::residual, Collective>>(compressor, comm,

@@ -155,8 +155,7 @@ TEST_CASE_TEMPLATE_DEFINE("THC refuses bad configurations and inputs", Setup, th
     using collective_t = std::remove_cvref_t<decltype(comm)>;
     auto const space = Setup::make_space();
     auto make8 = [&](thc<std::uint8_t> c) {
-      allreducer<thc<std::uint8_t>, error_feedback::residual, collective_t, allreduce_aggregator,
-                 typename Setup::space>
+      allreducer<thc<std::uint8_t>, error_feedback::residual, collective_t, allreduce_aggregator, typename Setup::space>
           r(c, comm, bucket_layout(5000), space);
     };
     CHECK_THROWS_WITH_AS(make8({.block = 1000}), doctest::Contains("not a power of two"), invalid_argument);
@@ -167,8 +166,7 @@ TEST_CASE_TEMPLATE_DEFINE("THC refuses bad configurations and inputs", Setup, th
     if (comm.size() > 1) {
       std::string const expected = std::to_string(comm.size()) + " ranks x levels 0..255";
       CHECK_THROWS_WITH_AS(make8({.bits = 8}), doctest::Contains(expected.c_str()), invalid_argument);
-      allreducer<thc<std::int32_t>, error_feedback::residual, collective_t, allreduce_aggregator,
-                 typename Setup::space>
+      allreducer<thc<std::int32_t>, error_feedback::residual, collective_t, allreduce_aggregator, typename Setup::space>
           wide(thc<std::int32_t>{.bits = 8}, comm, bucket_layout(5000), space);  // a wider lane holds the sum
     }
 

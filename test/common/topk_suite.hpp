@@ -268,4 +268,3 @@ TEST_CASE_TEMPLATE_DEFINE("sparsifiers reject bad parameters and non-finite grad
     CHECK(std::all_of(residual.begin(), residual.end(), [](float e) { return e == 0.0f; }));
   });
 }
-

@@ -11,6 +11,9 @@
 
 namespace gradcomp::detail {
 
+/// Gram-Schmidt passes over each set of vectors (see gram_schmidt).
+inline constexpr int gram_schmidt_passes = 2;
+
 /// The factor Gram-Schmidt scales a column of squared norm `norm2` by:
 /// 1 / (||col|| + eps), as PyTorch's hook does; a zero column stays zero
 /// (factor 0) instead of becoming 0 / 0 = NaN when eps is 0.

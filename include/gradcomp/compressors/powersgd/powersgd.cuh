@@ -23,28 +23,29 @@ __global__ void __launch_bounds__(Threads)
   using reduce = cub::BlockReduce<float, Threads>;
   __shared__ typename reduce::TempStorage temp;
   __shared__ float shared;
-  for (std::size_t k = 0; k < count; ++k) {
-    float* v = a + k * vs;
-    float part = 0.0f;
-    for (std::size_t i = threadIdx.x; i < length; i += blockDim.x) part += v[i * es] * v[i * es];
-    float const norm2 = reduce(temp).Sum(part);
-    if (threadIdx.x == 0) shared = gram_schmidt_scale(norm2, eps);
-    __syncthreads();
-    float const scale = shared;
-    for (std::size_t i = threadIdx.x; i < length; i += blockDim.x) v[i * es] *= scale;
-    __syncthreads();
-    for (std::size_t j = k + 1; j < count; ++j) {
-      float* w = a + j * vs;
-      float dot = 0.0f;
-      for (std::size_t i = threadIdx.x; i < length; i += blockDim.x) dot += v[i * es] * w[i * es];
-      float const total = reduce(temp).Sum(dot);
-      if (threadIdx.x == 0) shared = total;
+  for (int pass = 0; pass < gram_schmidt_passes; ++pass)
+    for (std::size_t k = 0; k < count; ++k) {
+      float* v = a + k * vs;
+      float part = 0.0f;
+      for (std::size_t i = threadIdx.x; i < length; i += blockDim.x) part += v[i * es] * v[i * es];
+      float const norm2 = reduce(temp).Sum(part);
+      if (threadIdx.x == 0) shared = gram_schmidt_scale(norm2, eps);
       __syncthreads();
-      float const projection = shared;
-      for (std::size_t i = threadIdx.x; i < length; i += blockDim.x) w[i * es] -= projection * v[i * es];
+      float const scale = shared;
+      for (std::size_t i = threadIdx.x; i < length; i += blockDim.x) v[i * es] *= scale;
       __syncthreads();
+      for (std::size_t j = k + 1; j < count; ++j) {
+        float* w = a + j * vs;
+        float dot = 0.0f;
+        for (std::size_t i = threadIdx.x; i < length; i += blockDim.x) dot += v[i * es] * w[i * es];
+        float const total = reduce(temp).Sum(dot);
+        if (threadIdx.x == 0) shared = total;
+        __syncthreads();
+        float const projection = shared;
+        for (std::size_t i = threadIdx.x; i < length; i += blockDim.x) w[i * es] -= projection * v[i * es];
+        __syncthreads();
+      }
     }
-  }
 }
 
 template <class Dependent>

@@ -57,20 +57,24 @@ struct psgd_device_tag;
 
 /// Gram-Schmidt on `count` vectors of `length` elements; element i of vector
 /// k is at a[i * element_stride + k * vector_stride] (P: the columns of a
-/// row-major rows x r matrix; Q^T: its rows).
+/// row-major rows x r matrix; Q^T: its rows). Two passes ("twice is
+/// enough"): a single classical pass loses orthogonality in proportion to the
+/// matrix's condition number, and P P^T is then no projector.
 inline void gram_schmidt(host_space const&, float* a, std::size_t length, std::size_t count, std::size_t element_stride,
                          std::size_t vector_stride, float eps) {
-  for (std::size_t k = 0; k < count; ++k) {
-    float* v = a + k * vector_stride;
-    float norm2 = 0.0f;
-    for (std::size_t i = 0; i < length; ++i) norm2 += v[i * element_stride] * v[i * element_stride];
-    float const scale = gram_schmidt_scale(norm2, eps);
-    for (std::size_t i = 0; i < length; ++i) v[i * element_stride] *= scale;
-    for (std::size_t j = k + 1; j < count; ++j) {
-      float* w = a + j * vector_stride;
-      float dot = 0.0f;
-      for (std::size_t i = 0; i < length; ++i) dot += v[i * element_stride] * w[i * element_stride];
-      for (std::size_t i = 0; i < length; ++i) w[i * element_stride] -= dot * v[i * element_stride];
+  for (int pass = 0; pass < gram_schmidt_passes; ++pass) {
+    for (std::size_t k = 0; k < count; ++k) {
+      float* v = a + k * vector_stride;
+      float norm2 = 0.0f;
+      for (std::size_t i = 0; i < length; ++i) norm2 += v[i * element_stride] * v[i * element_stride];
+      float const scale = gram_schmidt_scale(norm2, eps);
+      for (std::size_t i = 0; i < length; ++i) v[i * element_stride] *= scale;
+      for (std::size_t j = k + 1; j < count; ++j) {
+        float* w = a + j * vector_stride;
+        float dot = 0.0f;
+        for (std::size_t i = 0; i < length; ++i) dot += v[i * element_stride] * w[i * element_stride];
+        for (std::size_t i = 0; i < length; ++i) w[i * element_stride] -= dot * v[i * element_stride];
+      }
     }
   }
 }
@@ -278,7 +282,8 @@ struct powersgd {
     std::size_t const d = gradient.size();
 
     space.fill_zero(ws.counters.data(), ws.counters.size_bytes());
-    parallel_count(space, d, detail::accumulate_into<float, EF>{gradient.data(), ef, ws.acc.data()}, ws.counters.data());
+    parallel_count(space, d, detail::accumulate_into<float, EF>{gradient.data(), ef, ws.acc.data()},
+                   ws.counters.data());
     ctx.agree_all_finite(ws.counters.data(), "NaN or infinite");
 
     if (ctx.step() < start_step) {  // warm-up: a plain fp32 all-reduce, nothing kept

@@ -20,6 +20,21 @@ GRADCOMP_HOST_DEVICE float thc_sign(random_stream const& shared, std::size_t i) 
   return ((words.v[bit / 32] >> (bit % 32)) & 1u) ? -1.0f : 1.0f;
 }
 
+/// The signs of elements [first, first + 128) into signs[0..128): the same
+/// values as thc_sign, one Philox call for all of them (first % 128 == 0).
+GRADCOMP_HOST_DEVICE void thc_signs128(random_stream const& shared, std::size_t first, float* signs) {
+  uint4x32 const words = shared(first / 128);
+  for (unsigned bit = 0; bit < 128; ++bit) signs[bit] = ((words.v[bit / 32] >> (bit % 32)) & 1u) ? -1.0f : 1.0f;
+}
+
+/// The two uniforms element i rounds with: words 2 (i % 2) and 2 (i % 2) + 1
+/// of Philox block i / 2 of this rank's stream (one call serves two elements).
+GRADCOMP_HOST_DEVICE void thc_noise(uint4x32 const& words, std::size_t i, float& u1, float& u2) {
+  unsigned const half = static_cast<unsigned>(i % 2) * 2;
+  u1 = to_unit_float(words.v[half]);
+  u2 = to_unit_float(words.v[half + 1]);
+}
+
 /// Butterfly p of stage s on a block: elements lo and lo + 2^s become
 /// (a + b) / sqrt(2) and (a - b) / sqrt(2). Orthonormal, and its own inverse;
 /// stages on different bits commute, so any number of them (partial

@@ -12,20 +12,23 @@ inline constexpr int thc_threads = 256;
 template <class Lane, class EF>
 __device__ void thc_run_block(thc_encode<Lane, EF> const& f, std::size_t b, float* buffer) {
   std::size_t const first = b * f.p.block, half = f.p.block / 2;
-  for (std::size_t t = threadIdx.x; t < f.p.block; t += blockDim.x) f.load(buffer, first, t);
+  for (std::size_t t = threadIdx.x; t < f.p.block; t += blockDim.x)
+    f.load(buffer, first, t, thc_sign(f.p.shared, first + t));
   __syncthreads();
   for (int s = 0; s < f.p.stages; ++s) {
     for (std::size_t q = threadIdx.x; q < half; q += blockDim.x) thc_butterfly(buffer, q, s);
     __syncthreads();
   }
   float const forward = f.p.forward_scale(b), backward = f.p.backward_scale(b);
-  for (std::size_t t = threadIdx.x; t < f.p.block; t += blockDim.x) f.quantize(buffer, first, t, forward, backward);
+  for (std::size_t t = threadIdx.x; t < f.p.block; t += blockDim.x)
+    f.quantize(buffer, first, t, forward, backward, f.p.mine((first + t) / 2));
   __syncthreads();
   for (int s = 0; s < f.p.stages; ++s) {
     for (std::size_t q = threadIdx.x; q < half; q += blockDim.x) thc_butterfly(buffer, q, s);
     __syncthreads();
   }
-  for (std::size_t t = threadIdx.x; t < f.p.block && first + t < f.p.n; t += blockDim.x) f.keep(buffer, first, t);
+  for (std::size_t t = threadIdx.x; t < f.p.block && first + t < f.p.n; t += blockDim.x)
+    f.keep(buffer, first, t, thc_sign(f.p.shared, first + t));
 }
 
 template <class Lane>
@@ -38,7 +41,8 @@ __device__ void thc_run_block(thc_decode<Lane> const& f, std::size_t b, float* b
     for (std::size_t q = threadIdx.x; q < half; q += blockDim.x) thc_butterfly(buffer, q, s);
     __syncthreads();
   }
-  for (std::size_t t = threadIdx.x; t < f.p.block && first + t < f.p.n; t += blockDim.x) f.store(buffer, first, t);
+  for (std::size_t t = threadIdx.x; t < f.p.block && first + t < f.p.n; t += blockDim.x)
+    f.store(buffer, first, t, thc_sign(f.p.shared, first + t));
 }
 
 template <class F>

@@ -56,14 +56,14 @@ inline float thc_clamp_for(double overflow) {
 
 /// What every block of a step needs to know.
 struct thc_block_params {
-  std::size_t n;           // elements in the bucket
-  std::size_t block;       // B
-  int stages;              // butterfly stages
-  std::size_t group;       // G
-  float const* norms;      // squared norms, max over ranks, per group
+  std::size_t n;       // elements in the bucket
+  std::size_t block;   // B
+  int stages;          // butterfly stages
+  std::size_t group;   // G
+  float const* norms;  // squared norms, max over ranks, per group
   thc_codec codec;
-  random_stream shared;    // signs
-  random_stream mine;      // this rank's rounding noise
+  random_stream shared;  // signs
+  random_stream mine;    // this rank's rounding noise
   float ranks;
 
   /// sqrt(coordinates in the group) / max norm, or 0 for a zero group.
@@ -97,6 +97,40 @@ struct thc_store_norm {
   }
 };
 
+/// The signs of a block into `signs`: 128 per Philox call where the block
+/// allows (B >= 128), else one call per element.
+inline void host_signs(thc_block_params const& p, std::size_t first, float* signs) {
+  if (p.block >= 128) {
+    for (std::size_t t = 0; t < p.block; t += 128) thc_signs128(p.shared, first + t, signs + t);
+  } else {
+    for (std::size_t t = 0; t < p.block; ++t) signs[t] = thc_sign(p.shared, first + t);
+  }
+}
+
+/// All butterflies of `stages` stages on a host block, in runs of 2^s
+/// contiguous pairs, so the loops vectorize: the same arithmetic as
+/// thc_butterfly, pair for pair.
+inline void host_rotate(float* block, std::size_t size, int stages) {
+  for (int s = 0; s < stages; ++s) {
+    std::size_t const half = std::size_t{1} << s;
+    for (std::size_t base = 0; base < size; base += 2 * half) {
+      float* __restrict lo = block + base;
+      float* __restrict hi = block + base + half;
+      for (std::size_t j = 0; j < half; ++j) {
+        float const a = lo[j], b = hi[j];
+        lo[j] = (a + b) * 0.70710678118654752f;
+        hi[j] = (a - b) * 0.70710678118654752f;
+      }
+    }
+  }
+}
+
+/// This rank's rounding noise for a host block: Philox block (first + t) / 2
+/// for t = 0, 2, 4, ..., computed in one loop (which vectorizes).
+inline void host_noise(random_stream const& mine, std::size_t first, std::size_t size, uint4x32* words) {
+  for (std::size_t k = 0; k < size / 2; ++k) words[k] = mine(first / 2 + k);
+}
+
 /// Encode: one block from acc to lane values, keeping this rank's residual.
 /// The host runs it per block; the device kernel (thc.cuh) runs the same
 /// steps with a thread block sharing `buffer` in shared memory.
@@ -107,37 +141,40 @@ struct thc_encode {
   EF ef;
   Lane* levels;
 
-  void block(std::size_t b, float* buffer) const {  // host: buffer holds B floats
+  // Host: the block in `buffer`, its signs in `signs` (B floats each). The
+  // random numbers come one Philox call per 128 signs and per 2 roundings.
+  void block(std::size_t b, float* buffer, float* signs, uint4x32* noise) const {
     std::size_t const first = b * p.block;
-    for (std::size_t t = 0; t < p.block; ++t) load(buffer, first, t);
-    for (int s = 0; s < p.stages; ++s)
-      for (std::size_t q = 0; q < p.block / 2; ++q) thc_butterfly(buffer, q, s);
+    host_signs(p, first, signs);
+    for (std::size_t t = 0; t < p.block; ++t) load(buffer, first, t, signs[t]);
+    host_rotate(buffer, p.block, p.stages);
     float const forward = p.forward_scale(b), backward = p.backward_scale(b);
-    for (std::size_t t = 0; t < p.block; ++t) quantize(buffer, first, t, forward, backward);
-    for (int s = 0; s < p.stages; ++s)
-      for (std::size_t q = 0; q < p.block / 2; ++q) thc_butterfly(buffer, q, s);
-    for (std::size_t t = 0; t < p.block && first + t < p.n; ++t) keep(buffer, first, t);
+    host_noise(p.mine, first, p.block, noise);
+    for (std::size_t t = 0; t < p.block; ++t) quantize(buffer, first, t, forward, backward, noise[t / 2]);
+    host_rotate(buffer, p.block, p.stages);
+    for (std::size_t t = 0; t < p.block && first + t < p.n; ++t) keep(buffer, first, t, signs[t]);
   }
 
   // acc * D into the block (zeros past the end of the bucket).
-  GRADCOMP_HOST_DEVICE void load(float* buffer, std::size_t first, std::size_t t) const {
+  GRADCOMP_HOST_DEVICE void load(float* buffer, std::size_t first, std::size_t t, float sign) const {
     std::size_t const i = first + t;
-    buffer[t] = i < p.n ? ef.accumulate(i, gradient[i]) * thc_sign(p.shared, i) : 0.0f;
+    buffer[t] = i < p.n ? ef.accumulate(i, gradient[i]) * sign : 0.0f;
   }
   // Rotated coordinate -> lane value; the block keeps this rank's own decode.
-  GRADCOMP_HOST_DEVICE void quantize(float* buffer, std::size_t first, std::size_t t, float forward,
-                                     float backward) const {
-    uint4x32 const noise = p.mine(first + t);
-    std::uint32_t const value =
-        p.codec.encode(buffer[t] * forward, to_unit_float(noise.v[0]), to_unit_float(noise.v[1]));
+  // `words` is Philox block (first + t) / 2 of this rank's stream.
+  GRADCOMP_HOST_DEVICE void quantize(float* buffer, std::size_t first, std::size_t t, float forward, float backward,
+                                     uint4x32 const& words) const {
+    float u1, u2;
+    thc_noise(words, first + t, u1, u2);
+    std::uint32_t const value = p.codec.encode(buffer[t] * forward, u1, u2);
     levels[first + t] = static_cast<Lane>(value);
     buffer[t] = p.codec.decode(static_cast<float>(value)) * backward;
   }
   // After the inverse rotation: e = acc - own decode.
-  GRADCOMP_HOST_DEVICE void keep(float const* buffer, std::size_t first, std::size_t t) const {
+  GRADCOMP_HOST_DEVICE void keep(float const* buffer, std::size_t first, std::size_t t, float sign) const {
     std::size_t const i = first + t;
     float const acc = ef.accumulate(i, gradient[i]);
-    ef.update(i, acc - buffer[t] * thc_sign(p.shared, i), mean_codec<float>::fits(acc));
+    ef.update(i, acc - buffer[t] * sign, mean_codec<float>::fits(acc));
   }
 };
 
@@ -148,19 +185,19 @@ struct thc_decode {
   Lane const* summed;
   float* gradient;
 
-  void block(std::size_t b, float* buffer) const {
+  void block(std::size_t b, float* buffer, float* signs, uint4x32*) const {
     std::size_t const first = b * p.block;
     float const backward = p.backward_scale(b);
     for (std::size_t t = 0; t < p.block; ++t) dequantize(buffer, first, t, backward);
-    for (int s = 0; s < p.stages; ++s)
-      for (std::size_t q = 0; q < p.block / 2; ++q) thc_butterfly(buffer, q, s);
-    for (std::size_t t = 0; t < p.block && first + t < p.n; ++t) store(buffer, first, t);
+    host_rotate(buffer, p.block, p.stages);
+    host_signs(p, first, signs);
+    for (std::size_t t = 0; t < p.block && first + t < p.n; ++t) store(buffer, first, t, signs[t]);
   }
   GRADCOMP_HOST_DEVICE void dequantize(float* buffer, std::size_t first, std::size_t t, float backward) const {
     buffer[t] = p.codec.decode(static_cast<float>(summed[first + t]) / p.ranks) * backward;
   }
-  GRADCOMP_HOST_DEVICE void store(float const* buffer, std::size_t first, std::size_t t) const {
-    gradient[first + t] = buffer[t] * thc_sign(p.shared, first + t);
+  GRADCOMP_HOST_DEVICE void store(float const* buffer, std::size_t first, std::size_t t, float sign) const {
+    gradient[first + t] = buffer[t] * sign;
   }
 };
 
@@ -168,11 +205,11 @@ struct thc_decode {
 template <class F>
 void for_each_block(host_space const& space, std::size_t blocks, std::size_t block_size, F const& f) {
   [[maybe_unused]] int const threads = space.threads_for(blocks * block_size);
-  GRADCOMP_OMP(parallel num_threads(threads))
-  {
-    float buffer[4096];  // the largest rotation block
+  GRADCOMP_OMP(parallel num_threads(threads)) {
+    float buffer[4096], signs[4096];  // the largest rotation block
+    uint4x32 noise[2048];
     GRADCOMP_OMP(for schedule(static))
-    for (std::size_t b = 0; b < blocks; ++b) f.block(b, buffer);
+    for (std::size_t b = 0; b < blocks; ++b) f.block(b, buffer, signs, noise);
   }
 }
 
@@ -208,14 +245,14 @@ struct thc {
   /// Integer lane values of every rank add element by element.
   static constexpr bool summable_payload = true;
 
-  std::size_t block = 1024;        ///< B, the rotation block: a power of two up to 4096.
-  int stages = -1;                 ///< Butterfly stages (partial rotation); -1: log2(B), the full transform.
-  std::size_t group = 1u << 20;    ///< G, elements sharing a scale (a multiple of B).
+  std::size_t block = 1024;      ///< B, the rotation block: a power of two up to 4096.
+  int stages = -1;               ///< Butterfly stages (partial rotation); -1: log2(B), the full transform.
+  std::size_t group = 1u << 20;  ///< G, elements sharing a scale (a multiple of B).
   thc_quantizer quantizer = thc_quantizer::uniform;  ///< Uniform levels or THC's table.
-  int bits = 4;                    ///< uniform: 2^bits levels.
-  double overflow = 32;            ///< o: the clamp T = Phi^-1(1 - 1/(2o)) (o = 32: T = 2.15387).
-  float clamp = 0;                 ///< T itself, when > 0 (overrides `overflow`).
-  std::uint64_t seed = 0;          ///< Shared signs and per-rank rounding derive from it.
+  int bits = 4;                                      ///< uniform: 2^bits levels.
+  double overflow = 32;                              ///< o: the clamp T = Phi^-1(1 - 1/(2o)) (o = 32: T = 2.15387).
+  float clamp = 0;                                   ///< T itself, when > 0 (overrides `overflow`).
+  std::uint64_t seed = 0;                            ///< Shared signs and per-rank rounding derive from it.
 
   /// Stages applied.
   int stage_count() const { return stages < 0 ? std::countr_zero(block) : stages; }
@@ -238,9 +275,9 @@ struct thc {
     GRADCOMP_EXPECTS(stage_count() <= std::countr_zero(block),
                      "thc: " + std::to_string(stages) + " butterfly stages, but a block of " + std::to_string(block) +
                          " has only " + std::to_string(std::countr_zero(block)));
-    GRADCOMP_EXPECTS(group >= block && group % block == 0,
-                     "thc: the scale group (" + std::to_string(group) + ") must be a multiple of the block (" +
-                         std::to_string(block) + ")");
+    GRADCOMP_EXPECTS(group >= block && group % block == 0, "thc: the scale group (" + std::to_string(group) +
+                                                               ") must be a multiple of the block (" +
+                                                               std::to_string(block) + ")");
     GRADCOMP_EXPECTS(quantizer == thc_quantizer::table || (bits >= 1 && bits <= 16),
                      "thc: " + std::to_string(bits) + " bits per level is outside 1..16");
     GRADCOMP_EXPECTS(clamp > 0 || overflow > 1, "thc: the overflow frequency o must exceed 1");
@@ -248,8 +285,8 @@ struct thc {
     std::uint64_t const sum = static_cast<std::uint64_t>(ranks) * top();
     GRADCOMP_EXPECTS(sum <= limit, "thc: " + std::to_string(ranks) + " ranks x levels 0.." + std::to_string(top()) +
                                        " sum to " + std::to_string(sum) + ", beyond the " +
-                                       std::string(name_of(dtype_of_v<Lane>)) + " lane (max " +
-                                       std::to_string(limit) + "); use a wider lane or fewer levels");
+                                       std::string(name_of(dtype_of_v<Lane>)) + " lane (max " + std::to_string(limit) +
+                                       "); use a wider lane or fewer levels");
   }
 
   /// Hash of the parameters.
@@ -306,16 +343,16 @@ struct thc {
     ctx.all_reduce(ws.norms, reduce_op::max);
 
     std::uint32_t const step = static_cast<std::uint32_t>(ctx.step());
-    detail::thc_block_params const p{d,
-                                      block,
-                                      stage_count(),
-                                      group,
-                                      ws.norms.data(),
-                                      {clamp_value(), static_cast<float>(top()), quantizer == thc_quantizer::table},
-                                      random_stream(seed, step, random_stream::shared),
-                                      random_stream(seed ^ 0x9e3779b97f4a7c15ull, step,
-                                                    static_cast<std::uint32_t>(ctx.rank())),
-                                      static_cast<float>(ctx.ranks())};
+    detail::thc_block_params const p{
+        d,
+        block,
+        stage_count(),
+        group,
+        ws.norms.data(),
+        {clamp_value(), static_cast<float>(top()), quantizer == thc_quantizer::table},
+        random_stream(seed, step, random_stream::shared),
+        random_stream(seed ^ 0x9e3779b97f4a7c15ull, step, static_cast<std::uint32_t>(ctx.rank())),
+        static_cast<float>(ctx.ranks())};
     detail::for_each_block(space, blocks, block,
                            detail::thc_encode<Lane, EF>{p, gradient.data(), ctx.error_feedback(), ws.levels.data()});
     ctx.aggregate(ws.levels, ws.scratch);
