@@ -9,6 +9,8 @@
 #include <gradcomp/compressors/powersgd.hpp>
 #include <gradcomp/gradcomp.hpp>
 
+#include <cmath>
+
 namespace {
 
 using namespace gradcomp;
@@ -42,6 +44,13 @@ void step(benchmark::State& state, Compressor compressor, bucket_layout const& l
   buffer<float, host_space> gradient(d, space);
   space.copy(gradient.data(), g.data(), d * sizeof(float));
   reduce(gradient.view());  // warm-up: first touch of the workspace, the initial Q
+  // The accuracy this speed buys: relative error of that one step's output.
+  double err = 0, norm = 0;
+  for (std::size_t i = 0; i < d; ++i) {
+    err += (double(gradient.data()[i]) - g[i]) * (double(gradient.data()[i]) - g[i]);
+    norm += double(g[i]) * g[i];
+  }
+  state.counters["step_rel_error"] = std::sqrt(err / norm);
   // Every step starts from the same random gradient (restored untimed): fed
   // its own output, a lossy compressor would decay it toward subnormal
   // numbers, which x86 computes slowly.
@@ -98,6 +107,10 @@ int main(int argc, char** argv) {
     add<thc<>, error_feedback::residual>("host/thc4" + b, {.block = block, .bits = 4});
     add<thc<std::int32_t>, error_feedback::residual>("host/thc8" + b, {.block = block, .bits = 8});
   }
+  // Partial rotation: fewer butterfly stages within the 1024-element block.
+  for (int stages : {5, 3})
+    add<thc<>, error_feedback::residual>("host/thc4-B1024-s" + std::to_string(stages),
+                                         {.block = 1024, .stages = stages, .bits = 4});
   // PowerSGD on a transformer-like bucket, the bf16 baseline beside it.
   bucket_layout const transformer = bench::transformer_layout();
   add_layout<bf16, error_feedback::none>("host/bf16", transformer);

@@ -34,6 +34,7 @@ def rows(paths):
                 "gbps": b.get("bytes_per_second", 0.0) / 1e9,
                 "copy_fraction": b.get("copy_fraction", 0.0),
                 "wire": b.get("wire_B_per_elem", 0.0),
+                "error": b.get("step_rel_error"),
             }
 
 
@@ -43,17 +44,18 @@ def main(paths):
         print("no benchmark rows found")
         return 1
     bf16 = {(r["space"], r["elements"]): r["ms"] for r in table if r["what"] == "bf16" and not r["skipped"]}
-    print("| row | elements | ms/step | GB/s (gradient) | copy fraction | wire B/elem | time vs bf16 |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| row | elements | ms/step | GB/s (gradient) | copy fraction | wire B/elem | time vs bf16 | one-step rel. error |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in table:
         name = f'{r["space"]}/{r["what"]}'
         if r["skipped"]:
-            print(f'| {name} | {r["elements"]:,} | skipped: {r["message"]} | | | | |')
+            print(f'| {name} | {r["elements"]:,} | skipped: {r["message"]} | | | | | |')
             continue
         base = bf16.get((r["space"], r["elements"]))
         ratio = f'{r["ms"] / base:.2f}x' if base else "-"
+        error = f'{r["error"]:.2e}' if r["error"] is not None else "-"
         print(f'| {name} | {r["elements"]:,} | {r["ms"]:.3f} | {r["gbps"]:.1f} | {r["copy_fraction"]:.2f} '
-              f'| {r["wire"]:.2f} | {ratio} |')
+              f'| {r["wire"]:.2f} | {ratio} | {error} |')
     return 0
 
 

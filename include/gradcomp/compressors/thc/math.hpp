@@ -5,6 +5,7 @@
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/lane_sum.hpp>
 #include <gradcomp/random.hpp>
+#include <gradcomp/types.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -17,22 +18,34 @@ namespace gradcomp::detail {
 GRADCOMP_HOST_DEVICE float thc_sign(random_stream const& shared, std::size_t i) {
   uint4x32 const words = shared(i / 128);
   unsigned const bit = static_cast<unsigned>(i % 128);
-  return ((words.v[bit / 32] >> (bit % 32)) & 1u) ? -1.0f : 1.0f;
+  return bits_float(0x3f800000u | (((words.v[bit / 32] >> (bit % 32)) & 1u) << 31));
 }
 
 /// The signs of elements [first, first + 128) into signs[0..128): the same
 /// values as thc_sign, one Philox call for all of them (first % 128 == 0).
 GRADCOMP_HOST_DEVICE void thc_signs128(random_stream const& shared, std::size_t first, float* signs) {
   uint4x32 const words = shared(first / 128);
-  for (unsigned bit = 0; bit < 128; ++bit) signs[bit] = ((words.v[bit / 32] >> (bit % 32)) & 1u) ? -1.0f : 1.0f;
+  for (unsigned w = 0; w < 4; ++w)  // word by word, bit by bit: shifts and ors, so it vectorizes
+    for (unsigned bit = 0; bit < 32; ++bit)
+      signs[w * 32 + bit] = bits_float(0x3f800000u | (((words.v[w] >> bit) & 1u) << 31));
 }
 
-/// The two uniforms element i rounds with: words 2 (i % 2) and 2 (i % 2) + 1
-/// of Philox block i / 2 of this rank's stream (one call serves two elements).
-GRADCOMP_HOST_DEVICE void thc_noise(uint4x32 const& words, std::size_t i, float& u1, float& u2) {
-  unsigned const half = static_cast<unsigned>(i % 2) * 2;
-  u1 = to_unit_float(words.v[half]);
-  u2 = to_unit_float(words.v[half + 1]);
+/// Elements whose rounding noise one Philox call of this rank's stream
+/// provides: 4 with one uniform each (uniform quantizer), 2 with two each
+/// (table quantizer).
+GRADCOMP_HOST_DEVICE std::size_t thc_noise_share(bool table) { return table ? 2 : 4; }
+
+/// The uniforms element i rounds with, from the words of Philox block
+/// i / thc_noise_share(table).
+GRADCOMP_HOST_DEVICE void thc_noise(uint4x32 const& words, std::size_t i, bool table, float& u1, float& u2) {
+  if (table) {
+    unsigned const half = static_cast<unsigned>(i % 2) * 2;
+    u1 = to_unit_float(words.v[half]);
+    u2 = to_unit_float(words.v[half + 1]);
+  } else {
+    u1 = to_unit_float(words.v[i % 4]);
+    u2 = 0.0f;
+  }
 }
 
 /// Butterfly p of stage s on a block: elements lo and lo + 2^s become
@@ -71,13 +84,18 @@ struct thc_codec {
   float top;    // largest lane value of one rank
   bool table;   // THC's table (two unbiased roundings) or uniform (one)
 
-  /// z to an unbiased random lane value, given two uniforms in [0, 1).
-  GRADCOMP_HOST_DEVICE std::uint32_t encode(float z, float u1, float u2) const {
+  /// z to an unbiased random value in 0..top (one stochastic rounding).
+  GRADCOMP_HOST_DEVICE std::uint32_t encode_uniform(float z, float u) const {
     z = z < -clamp ? -clamp : (z > clamp ? clamp : z);
     float const x = fused(z, top / (2.0f * clamp), top * 0.5f);  // in [0, top]
     float const down = floorf(x);
-    std::uint32_t fine = static_cast<std::uint32_t>(down) + (u1 < x - down ? 1u : 0u);
-    fine = fine > static_cast<std::uint32_t>(top) ? static_cast<std::uint32_t>(top) : fine;
+    float const up = down + (u < x - down ? 1.0f : 0.0f);
+    return static_cast<std::uint32_t>(up < top ? up : top);
+  }
+
+  /// z to an unbiased random lane value, given two uniforms in [0, 1).
+  GRADCOMP_HOST_DEVICE std::uint32_t encode(float z, float u1, float u2) const {
+    std::uint32_t const fine = encode_uniform(z, u1);
     if (!table) return fine;
     int j = 0;  // the table interval [R_j, R_j+1] holding fine
     while (j < 14 && thc_table(j + 1) <= static_cast<int>(fine)) ++j;

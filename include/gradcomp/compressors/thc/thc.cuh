@@ -21,7 +21,7 @@ __device__ void thc_run_block(thc_encode<Lane, EF> const& f, std::size_t b, floa
   }
   float const forward = f.p.forward_scale(b), backward = f.p.backward_scale(b);
   for (std::size_t t = threadIdx.x; t < f.p.block; t += blockDim.x)
-    f.quantize(buffer, first, t, forward, backward, f.p.mine((first + t) / 2));
+    f.quantize(buffer, first, t, forward, backward, f.p.mine((first + t) / thc_noise_share(f.p.codec.table)));
   __syncthreads();
   for (int s = 0; s < f.p.stages; ++s) {
     for (std::size_t q = threadIdx.x; q < half; q += blockDim.x) thc_butterfly(buffer, q, s);

@@ -107,28 +107,50 @@ inline void host_signs(thc_block_params const& p, std::size_t first, float* sign
   }
 }
 
-/// All butterflies of `stages` stages on a host block, in runs of 2^s
-/// contiguous pairs, so the loops vectorize: the same arithmetic as
-/// thc_butterfly, pair for pair.
-inline void host_rotate(float* block, std::size_t size, int stages) {
-  for (int s = 0; s < stages; ++s) {
-    std::size_t const half = std::size_t{1} << s;
-    for (std::size_t base = 0; base < size; base += 2 * half) {
-      float* __restrict lo = block + base;
-      float* __restrict hi = block + base + half;
-      for (std::size_t j = 0; j < half; ++j) {
-        float const a = lo[j], b = hi[j];
-        lo[j] = (a + b) * 0.70710678118654752f;
-        hi[j] = (a - b) * 0.70710678118654752f;
-      }
+/// One butterfly stage over a host block, pairs `half` apart, in runs of
+/// `half` contiguous pairs: the same arithmetic as thc_butterfly, pair for
+/// pair. A compile-time Half lets the compiler vectorize the short strides.
+template <std::size_t Half>
+void host_stage(float* block, std::size_t size, std::size_t half = Half) {
+  for (std::size_t base = 0; base < size; base += 2 * half) {
+    float* __restrict lo = block + base;
+    float* __restrict hi = block + base + half;
+    for (std::size_t j = 0; j < half; ++j) {
+      float const a = lo[j], b = hi[j];
+      lo[j] = (a + b) * 0.70710678118654752f;
+      hi[j] = (a - b) * 0.70710678118654752f;
     }
   }
 }
 
-/// This rank's rounding noise for a host block: Philox block (first + t) / 2
-/// for t = 0, 2, 4, ..., computed in one loop (which vectorizes).
-inline void host_noise(random_stream const& mine, std::size_t first, std::size_t size, uint4x32* words) {
-  for (std::size_t k = 0; k < size / 2; ++k) words[k] = mine(first / 2 + k);
+/// All butterflies of `stages` stages on a host block.
+inline void host_rotate(float* block, std::size_t size, int stages) {
+  for (int s = 0; s < stages; ++s) {
+    switch (s) {
+      case 0:
+        host_stage<1>(block, size);
+        break;
+      case 1:
+        host_stage<2>(block, size);
+        break;
+      case 2:
+        host_stage<4>(block, size);
+        break;
+      case 3:
+        host_stage<8>(block, size);
+        break;
+      default:
+        host_stage<0>(block, size, std::size_t{1} << s);
+        break;
+    }
+  }
+}
+
+/// This rank's rounding noise for a host block: the Philox blocks its
+/// elements draw from, computed in one loop (which vectorizes).
+inline void host_noise(random_stream const& mine, std::size_t first, std::size_t size, bool table, uint4x32* words) {
+  std::size_t const share = thc_noise_share(table);
+  for (std::size_t k = 0; k < (size + share - 1) / share; ++k) words[k] = mine(first / share + k);
 }
 
 /// Encode: one block from acc to lane values, keeping this rank's residual.
@@ -145,14 +167,33 @@ struct thc_encode {
   // random numbers come one Philox call per 128 signs and per 2 roundings.
   void block(std::size_t b, float* buffer, float* signs, uint4x32* noise) const {
     std::size_t const first = b * p.block;
+    std::size_t const inside = first + p.block <= p.n ? p.block : (first < p.n ? p.n - first : 0);
+    EF const e = ef;  // local copies: pointers in registers, loops that vectorize
+    float const* __restrict g = gradient + first;
+    float* __restrict x = buffer;
+    float const* __restrict sign = signs;
     host_signs(p, first, signs);
-    for (std::size_t t = 0; t < p.block; ++t) load(buffer, first, t, signs[t]);
+    for (std::size_t t = 0; t < inside; ++t) x[t] = e.accumulate(first + t, g[t]) * sign[t];
+    for (std::size_t t = inside; t < p.block; ++t) x[t] = 0.0f;
     host_rotate(buffer, p.block, p.stages);
     float const forward = p.forward_scale(b), backward = p.backward_scale(b);
-    host_noise(p.mine, first, p.block, noise);
-    for (std::size_t t = 0; t < p.block; ++t) quantize(buffer, first, t, forward, backward, noise[t / 2]);
+    host_noise(p.mine, first, p.block, p.codec.table, noise);
+    if (p.codec.table) {
+      for (std::size_t t = 0; t < p.block; ++t) quantize(buffer, first, t, forward, backward, noise[t / 2]);
+    } else {  // the same values as quantize(), in a loop that vectorizes: word t of the noise is element t's
+      std::uint32_t const* bits = &noise[0].v[0];
+      Lane* out = levels + first;
+      for (std::size_t t = 0; t < p.block; ++t) {
+        std::uint32_t const value = p.codec.encode_uniform(buffer[t] * forward, to_unit_float(bits[t]));
+        out[t] = static_cast<Lane>(value);
+        buffer[t] = p.codec.decode(static_cast<float>(value)) * backward;
+      }
+    }
     host_rotate(buffer, p.block, p.stages);
-    for (std::size_t t = 0; t < p.block && first + t < p.n; ++t) keep(buffer, first, t, signs[t]);
+    for (std::size_t t = 0; t < inside; ++t) {
+      float const acc = e.accumulate(first + t, g[t]);
+      e.update(first + t, acc - x[t] * sign[t], mean_codec<float>::fits(acc));
+    }
   }
 
   // acc * D into the block (zeros past the end of the bucket).
@@ -161,11 +202,11 @@ struct thc_encode {
     buffer[t] = i < p.n ? ef.accumulate(i, gradient[i]) * sign : 0.0f;
   }
   // Rotated coordinate -> lane value; the block keeps this rank's own decode.
-  // `words` is Philox block (first + t) / 2 of this rank's stream.
+  // `words` is the Philox block element first + t draws from (thc_noise).
   GRADCOMP_HOST_DEVICE void quantize(float* buffer, std::size_t first, std::size_t t, float forward, float backward,
                                      uint4x32 const& words) const {
     float u1, u2;
-    thc_noise(words, first + t, u1, u2);
+    thc_noise(words, first + t, p.codec.table, u1, u2);
     std::uint32_t const value = p.codec.encode(buffer[t] * forward, u1, u2);
     levels[first + t] = static_cast<Lane>(value);
     buffer[t] = p.codec.decode(static_cast<float>(value)) * backward;
@@ -191,7 +232,10 @@ struct thc_decode {
     for (std::size_t t = 0; t < p.block; ++t) dequantize(buffer, first, t, backward);
     host_rotate(buffer, p.block, p.stages);
     host_signs(p, first, signs);
-    for (std::size_t t = 0; t < p.block && first + t < p.n; ++t) store(buffer, first, t, signs[t]);
+    float* __restrict out = gradient + first;
+    float const* __restrict x = buffer;
+    float const* __restrict sign = signs;
+    for (std::size_t t = 0; t < p.block && first + t < p.n; ++t) out[t] = x[t] * sign[t];
   }
   GRADCOMP_HOST_DEVICE void dequantize(float* buffer, std::size_t first, std::size_t t, float backward) const {
     buffer[t] = p.codec.decode(static_cast<float>(summed[first + t]) / p.ranks) * backward;
