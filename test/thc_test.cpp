@@ -42,3 +42,24 @@ TEST_CASE("THC's clamp comes from the overflow frequency as published") {
   CHECK(gradcomp::detail::thc_clamp_for(64) == doctest::Approx(2.4176).epsilon(1e-4));
   CHECK(gradcomp::detail::thc_clamp_for(1024) == doctest::Approx(3.2972).epsilon(1e-4));
 }
+
+// Saturated coordinates (at and far beyond +-T) must still land in the lane
+// range 0..top: an out-of-range value would decode to garbage after the sum.
+TEST_CASE("THC's codec keeps saturated coordinates inside the lane range") {
+  for (bool table : {false, true}) {
+    for (float top : {3.0f, 15.0f, 30.0f}) {
+      if (table && top != 30.0f) continue;
+      for (float clamp : {2.15387f, 1.8627f, 8.0f}) {
+        gradcomp::detail::thc_codec const codec{clamp, top, table};
+        for (float z :
+             {-1e30f, -clamp * 1.0000001f, -clamp, -clamp * 0.9999999f, 0.0f, clamp, clamp * 1.0000001f, 1e30f}) {
+          for (float u : {0.0f, 0.5f, 0.99999994f}) {
+            std::uint32_t const v = codec.encode(z, u, u);
+            CHECK(v <= static_cast<std::uint32_t>(top));
+            CHECK(std::fabs(codec.decode(static_cast<float>(v))) <= clamp * 1.000001f);
+          }
+        }
+      }
+    }
+  }
+}

@@ -87,10 +87,10 @@ struct thc_codec {
   /// z to an unbiased random value in 0..top (one stochastic rounding).
   GRADCOMP_HOST_DEVICE std::uint32_t encode_uniform(float z, float u) const {
     z = z < -clamp ? -clamp : (z > clamp ? clamp : z);
-    float const x = fused(z, top / (2.0f * clamp), top * 0.5f);  // in [0, top]
+    float x = fused(z, top / (2.0f * clamp), top * 0.5f);
+    x = x < 0.0f ? 0.0f : (x > top ? top : x);  // the rounding of z = -T can land a hair below 0
     float const down = floorf(x);
-    float const up = down + (u < x - down ? 1.0f : 0.0f);
-    return static_cast<std::uint32_t>(up < top ? up : top);
+    return static_cast<std::uint32_t>(down + (u < x - down ? 1.0f : 0.0f));  // in 0..top
   }
 
   /// z to an unbiased random lane value, given two uniforms in [0, 1).

@@ -168,10 +168,10 @@ struct thc_encode {
   void block(std::size_t b, float* buffer, float* signs, uint4x32* noise) const {
     std::size_t const first = b * p.block;
     std::size_t const inside = first + p.block <= p.n ? p.block : (first < p.n ? p.n - first : 0);
-    EF const e = ef;  // local copies: pointers in registers, loops that vectorize
-    float const* __restrict g = gradient + first;
-    float* __restrict x = buffer;
-    float const* __restrict sign = signs;
+    EF const e = ef;                               // a local copy: its pointers stay in registers, the loops vectorize
+    float const* __restrict g = gradient + first;  // (only read while it lives)
+    float* x = buffer;                             // (no __restrict: the rotations below write the block too)
+    float const* sign = signs;
     host_signs(p, first, signs);
     for (std::size_t t = 0; t < inside; ++t) x[t] = e.accumulate(first + t, g[t]) * sign[t];
     for (std::size_t t = inside; t < p.block; ++t) x[t] = 0.0f;
@@ -180,11 +180,10 @@ struct thc_encode {
     host_noise(p.mine, first, p.block, p.codec.table, noise);
     if (p.codec.table) {
       for (std::size_t t = 0; t < p.block; ++t) quantize(buffer, first, t, forward, backward, noise[t / 2]);
-    } else {  // the same values as quantize(), in a loop that vectorizes: word t of the noise is element t's
-      std::uint32_t const* bits = &noise[0].v[0];
+    } else {  // the same values as quantize(), in a loop that vectorizes: word t % 4 of block t / 4 is element t's
       Lane* out = levels + first;
       for (std::size_t t = 0; t < p.block; ++t) {
-        std::uint32_t const value = p.codec.encode_uniform(buffer[t] * forward, to_unit_float(bits[t]));
+        std::uint32_t const value = p.codec.encode_uniform(buffer[t] * forward, to_unit_float(noise[t / 4].v[t % 4]));
         out[t] = static_cast<Lane>(value);
         buffer[t] = p.codec.decode(static_cast<float>(value)) * backward;
       }
