@@ -76,6 +76,25 @@ GRADCOMP_HOST_DEVICE int thc_table(int j) {
   return values[j];
 }
 
+/// z in [-clamp, clamp] (clamped first) to x in [0, top], then to an
+/// unbiased random integer: down or down + 1 with probability x - down.
+/// Written so compilers vectorize it: single-step selects, and truncation
+/// for floor (x >= 0), since GCC will not vectorize floorf.
+GRADCOMP_HOST_DEVICE std::uint32_t thc_round(float z, float u, float clamp, float top) {
+  z = z < -clamp ? -clamp : z;
+  z = z > clamp ? clamp : z;
+  float x = fused(z, top / (2.0f * clamp), top * 0.5f);
+  x = x < 0.0f ? 0.0f : x;  // the rounding of z = -T can land a hair below 0
+  x = x > top ? top : x;
+  std::int32_t const down = static_cast<std::int32_t>(x);
+  return static_cast<std::uint32_t>(down + (u < x - static_cast<float>(down) ? 1 : 0));  // in 0..top
+}
+
+/// A lane value (or a mean of them) in 0..top back to z in [-clamp, clamp].
+GRADCOMP_HOST_DEVICE float thc_unround(float value, float clamp, float top) {
+  return fused(value, 2.0f * clamp / top, -clamp);
+}
+
 /// How rotated, scaled coordinates become integer lane values and back.
 /// `top` is the largest value (uniform: 2^bits - 1; table: 30); z in
 /// [-clamp, clamp] maps linearly to x in [0, top].
@@ -85,13 +104,7 @@ struct thc_codec {
   bool table;   // THC's table (two unbiased roundings) or uniform (one)
 
   /// z to an unbiased random value in 0..top (one stochastic rounding).
-  GRADCOMP_HOST_DEVICE std::uint32_t encode_uniform(float z, float u) const {
-    z = z < -clamp ? -clamp : (z > clamp ? clamp : z);
-    float x = fused(z, top / (2.0f * clamp), top * 0.5f);
-    x = x < 0.0f ? 0.0f : (x > top ? top : x);  // the rounding of z = -T can land a hair below 0
-    float const down = floorf(x);
-    return static_cast<std::uint32_t>(down + (u < x - down ? 1.0f : 0.0f));  // in 0..top
-  }
+  GRADCOMP_HOST_DEVICE std::uint32_t encode_uniform(float z, float u) const { return thc_round(z, u, clamp, top); }
 
   /// z to an unbiased random lane value, given two uniforms in [0, 1).
   GRADCOMP_HOST_DEVICE std::uint32_t encode(float z, float u1, float u2) const {
@@ -105,7 +118,7 @@ struct thc_codec {
   }
 
   /// A lane value (or the mean over ranks of them) back to z.
-  GRADCOMP_HOST_DEVICE float decode(float value) const { return fused(value, 2.0f * clamp / top, -clamp); }
+  GRADCOMP_HOST_DEVICE float decode(float value) const { return thc_unround(value, clamp, top); }
 };
 
 }  // namespace gradcomp::detail

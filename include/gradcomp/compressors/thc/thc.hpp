@@ -181,11 +181,17 @@ struct thc_encode {
     if (p.codec.table) {
       for (std::size_t t = 0; t < p.block; ++t) quantize(buffer, first, t, forward, backward, noise[t / 2]);
     } else {  // the same values as quantize(), in a loop that vectorizes: word t % 4 of block t / 4 is element t's
-      Lane* out = levels + first;
-      for (std::size_t t = 0; t < p.block; ++t) {
-        std::uint32_t const value = p.codec.encode_uniform(buffer[t] * forward, to_unit_float(noise[t / 4].v[t % 4]));
+      // Scalars and __restrict: a byte store may alias anything, which would
+      // otherwise force every parameter to be reloaded, element by element.
+      float const clamp = p.codec.clamp, top = p.codec.top;
+      std::size_t const size = p.block;
+      float* __restrict x = buffer;
+      Lane* __restrict out = levels + first;
+      auto const* __restrict words = reinterpret_cast<std::uint32_t const*>(noise);
+      for (std::size_t t = 0; t < size; ++t) {
+        std::uint32_t const value = thc_round(x[t] * forward, to_unit_float(words[t]), clamp, top);
         out[t] = static_cast<Lane>(value);
-        buffer[t] = p.codec.decode(static_cast<float>(value)) * backward;
+        x[t] = thc_unround(static_cast<float>(value), clamp, top) * backward;
       }
     }
     host_rotate(buffer, p.block, p.stages);
