@@ -5,7 +5,7 @@
 //   gradcomp_bench_cuda [--benchmark_filter=...]
 #include "common/bandwidth.hpp"
 
-#include "common/layouts.hpp"
+#include "common/rows.hpp"
 
 #include <gradcomp/compressors/powersgd/powersgd.cuh>
 #include <gradcomp/cuda.cuh>
@@ -100,53 +100,36 @@ void sizes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseManualTime();
 }
 
-template <class Compressor, class EF, nonfinite_policy Policy = nonfinite_policy::propagate>
-void add(std::string const& name, Compressor compressor = {}) {
-  benchmark::RegisterBenchmark(name.c_str(), [compressor](benchmark::State& state) {
-    step<Compressor, EF, Policy>(state, compressor, bucket_layout(static_cast<std::size_t>(state.range(0))));
-  })->Apply(sizes);
-}
+// Registers rows of this binary's step (see bench/common/rows.hpp).
+struct registrar {
+  template <class Compressor, class EF, nonfinite_policy Policy = nonfinite_policy::propagate>
+  static void add(std::string const& name, Compressor compressor = {}) {
+    benchmark::RegisterBenchmark(name.c_str(), [compressor](benchmark::State& state) {
+      step<Compressor, EF, Policy>(state, compressor, bucket_layout(static_cast<std::size_t>(state.range(0))));
+    })->Apply(sizes);
+  }
 
-// A row over a shaped bucket (its size is the row's argument).
-template <class Compressor, class EF>
-void add_layout(std::string const& name, bucket_layout const& layout, Compressor compressor = {}) {
-  benchmark::RegisterBenchmark(name.c_str(),
-                               [compressor, layout](benchmark::State& state) {
-                                 step<Compressor, EF, nonfinite_policy::propagate>(state, compressor, layout);
-                               })
-      ->Arg(static_cast<std::int64_t>(layout.size()))
-      ->Unit(benchmark::kMillisecond)
-      ->UseManualTime();
-}
+  // A row over a shaped bucket (its size is the row's argument).
+  template <class Compressor, class EF>
+  static void add_layout(std::string const& name, bucket_layout const& layout, Compressor compressor = {}) {
+    benchmark::RegisterBenchmark(name.c_str(),
+                                 [compressor, layout](benchmark::State& state) {
+                                   step<Compressor, EF, nonfinite_policy::propagate>(state, compressor, layout);
+                                 })
+        ->Arg(static_cast<std::int64_t>(layout.size()))
+        ->Unit(benchmark::kMillisecond)
+        ->UseManualTime();
+  }
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace gradcomp;
   benchmark::RegisterBenchmark("cuda/copy", copy)->Apply(sizes);
-  add<fp32, error_feedback::none>("cuda/fp32");
-  add<bf16, error_feedback::none>("cuda/bf16");
-  add<bf16, error_feedback::residual>("cuda/bf16+ef");
-  add<bf16, error_feedback::residual, nonfinite_policy::raise>("cuda/bf16+ef+raise");
-  add<fp16, error_feedback::none>("cuda/fp16");
-  for (double fraction : {0.01, 0.001}) {
-    std::string const pct = fraction == 0.01 ? "@1%" : "@0.1%";
-    add<topk_chunked<>, error_feedback::residual>("cuda/topkc" + pct, {.fraction = fraction});
-    add<topk<bfloat16>, error_feedback::residual>("cuda/topk" + pct, {.fraction = fraction});
-  }
-  // THC: rotation blocks of 256, 1024, 4096 (full rotation) at 2, 4, 8 bits
-  // (8 bits needs 32-bit lanes to sum 4 ranks).
-  for (std::size_t block : {256, 1024, 4096}) {
-    std::string const b = "-B" + std::to_string(block);
-    add<thc<>, error_feedback::residual>("cuda/thc2" + b, {.block = block, .bits = 2});
-    add<thc<>, error_feedback::residual>("cuda/thc4" + b, {.block = block, .bits = 4});
-    add<thc<std::int32_t>, error_feedback::residual>("cuda/thc8" + b, {.block = block, .bits = 8});
-  }
-  bucket_layout const transformer = bench::transformer_layout();
-  add_layout<bf16, error_feedback::none>("cuda/bf16", transformer);
-  for (std::size_t rank : {1, 4, 16})
-    add_layout<powersgd<>, error_feedback::residual>("cuda/powersgd-r" + std::to_string(rank), transformer,
-                                                     {.rank = rank});
+  bench::register_compressor_rows<registrar>("cuda");
+  // What nonfinite_policy::raise costs on the device: one wait per step.
+  registrar::add<bf16, error_feedback::residual, nonfinite_policy::raise>("cuda/bf16+ef+raise");
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

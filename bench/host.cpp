@@ -4,7 +4,7 @@
 //   gradcomp_bench [--benchmark_filter=...]
 #include "common/bandwidth.hpp"
 
-#include "common/layouts.hpp"
+#include "common/rows.hpp"
 
 #include <gradcomp/compressors/powersgd.hpp>
 #include <gradcomp/gradcomp.hpp>
@@ -67,56 +67,33 @@ void sizes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMillisecond)->UseManualTime();
 }
 
-template <class Compressor, class EF>
-void add(std::string const& name, Compressor compressor = {}) {
-  benchmark::RegisterBenchmark(name.c_str(), [compressor](benchmark::State& state) {
-    step<Compressor, EF>(state, compressor, bucket_layout(static_cast<std::size_t>(state.range(0))));
-  })->Apply(sizes);
-}
+// Registers rows of this binary's step (see bench/common/rows.hpp).
+struct registrar {
+  template <class Compressor, class EF>
+  static void add(std::string const& name, Compressor compressor = {}) {
+    benchmark::RegisterBenchmark(name.c_str(), [compressor](benchmark::State& state) {
+      step<Compressor, EF>(state, compressor, bucket_layout(static_cast<std::size_t>(state.range(0))));
+    })->Apply(sizes);
+  }
 
-// A row over a shaped bucket (its size is the row's argument).
-template <class Compressor, class EF>
-void add_layout(std::string const& name, bucket_layout const& layout, Compressor compressor = {}) {
-  benchmark::RegisterBenchmark(
-      name.c_str(), [compressor, layout](benchmark::State& state) { step<Compressor, EF>(state, compressor, layout); })
-      ->Arg(static_cast<std::int64_t>(layout.size()))
-      ->Unit(benchmark::kMillisecond)
-      ->UseManualTime();
-}
+  // A row over a shaped bucket (its size is the row's argument).
+  template <class Compressor, class EF>
+  static void add_layout(std::string const& name, bucket_layout const& layout, Compressor compressor = {}) {
+    benchmark::RegisterBenchmark(
+        name.c_str(),
+        [compressor, layout](benchmark::State& state) { step<Compressor, EF>(state, compressor, layout); })
+        ->Arg(static_cast<std::int64_t>(layout.size()))
+        ->Unit(benchmark::kMillisecond)
+        ->UseManualTime();
+  }
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace gradcomp;
   benchmark::RegisterBenchmark("host/copy", copy)->Apply(sizes);
-  add<fp32, error_feedback::none>("host/fp32");
-  add<bf16, error_feedback::none>("host/bf16");
-  add<bf16, error_feedback::residual>("host/bf16+ef");
-  add<fp16, error_feedback::none>("host/fp16");
-  // The sparsifiers, with error feedback, at 1% and 0.1% of the elements.
-  for (double fraction : {0.01, 0.001}) {
-    std::string const pct = fraction == 0.01 ? "@1%" : "@0.1%";
-    add<topk_chunked<>, error_feedback::residual>("host/topkc" + pct, {.fraction = fraction});
-    add<topk<bfloat16>, error_feedback::residual>("host/topk" + pct, {.fraction = fraction});
-  }
-  // THC: rotation blocks of 256, 1024, 4096 (full rotation) at 2, 4, 8 bits
-  // (8 bits needs 32-bit lanes to sum 4 ranks).
-  for (std::size_t block : {256, 1024, 4096}) {
-    std::string const b = "-B" + std::to_string(block);
-    add<thc<>, error_feedback::residual>("host/thc2" + b, {.block = block, .bits = 2});
-    add<thc<>, error_feedback::residual>("host/thc4" + b, {.block = block, .bits = 4});
-    add<thc<std::int32_t>, error_feedback::residual>("host/thc8" + b, {.block = block, .bits = 8});
-  }
-  // Partial rotation: fewer butterfly stages within the 1024-element block.
-  for (int stages : {5, 3})
-    add<thc<>, error_feedback::residual>("host/thc4-B1024-s" + std::to_string(stages),
-                                         {.block = 1024, .stages = stages, .bits = 4});
-  // PowerSGD on a transformer-like bucket, the bf16 baseline beside it.
-  bucket_layout const transformer = bench::transformer_layout();
-  add_layout<bf16, error_feedback::none>("host/bf16", transformer);
-  for (std::size_t rank : {1, 4, 16})
-    add_layout<powersgd<>, error_feedback::residual>("host/powersgd-r" + std::to_string(rank), transformer,
-                                                     {.rank = rank});
+  bench::register_compressor_rows<registrar>("host");
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -81,6 +82,14 @@ struct setup {
   using world = World;
   static Space make_space() { return Space{}; }
 };
+
+/// True when `mine` holds bitwise the same values as rank 0's vector.
+template <class Collective>
+bool same_as_rank0(Collective& comm, std::vector<float> const& mine) {
+  std::vector<float> rank0 = mine;
+  comm.broadcast(rank0.data(), rank0.size(), 0);
+  return std::memcmp(rank0.data(), mine.data(), mine.size() * sizeof(float)) == 0;
+}
 
 /// True when a and b hold the same bits (so NaN == NaN, +0 != -0).
 inline bool same_bits(float a, float b) { return detail::float_bits(a) == detail::float_bits(b); }

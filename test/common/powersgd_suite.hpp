@@ -181,9 +181,7 @@ TEST_CASE_TEMPLATE_DEFINE("PowerSGD on four ranks: identical outputs, projection
     reduce(g.view());
     auto const out = download(space, g.data(), d);
 
-    std::vector<float> same = out;
-    comm.broadcast(same.data(), d, 0);
-    CHECK(std::memcmp(same.data(), out.data(), d * sizeof(float)) == 0);
+    CHECK(same_as_rank0(comm, out));
 
     std::vector<double> mean(d, 0.0);
     for (auto const& gr : grads)

@@ -88,9 +88,7 @@ TEST_CASE_TEMPLATE_DEFINE("THC sums lane values homomorphically", Setup, thc_hom
         scale = std::max(scale, std::fabs(mean));
       }
       CHECK(worst < 1e-5 * scale);
-      std::vector<float> same = out;
-      comm.broadcast(same.data(), d, 0);
-      CHECK(std::memcmp(same.data(), out.data(), d * sizeof(float)) == 0);
+      CHECK(same_as_rank0(comm, out));
     }
 
     // Same input on every rank: shared signs, own noise.
@@ -99,9 +97,8 @@ TEST_CASE_TEMPLATE_DEFINE("THC sums lane values homomorphically", Setup, thc_hom
     auto g = upload(space, random_gradient(seed, 0, d));
     reduce(g.view());
     std::vector<float> residual = download(space, reduce.residual().data(), d);
-    std::vector<float> rank0 = residual;
-    comm.broadcast(rank0.data(), d, 0);
-    if (comm.rank() != 0) CHECK(std::memcmp(rank0.data(), residual.data(), d * sizeof(float)) != 0);
+    bool const same = same_as_rank0(comm, residual);  // every rank takes part in the broadcast
+    if (comm.rank() != 0) CHECK_FALSE(same);
   });
 }
 
