@@ -60,6 +60,10 @@ GRADCOMP_HOST_DEVICE uint4x32 philox4x32_10(uint4x32 counter, uint2x32 key) {
 /// Maps 32 random bits to a float uniform on [0, 1), using the top 24 bits so
 /// every value is exactly representable.
 GRADCOMP_HOST_DEVICE float to_unit_float(std::uint32_t bits) { return static_cast<float>(bits >> 8) * 0x1.0p-24f; }
+/// The low 16 bits as a uniform in [0, 1), on a 2^-16 grid (exact in float).
+GRADCOMP_HOST_DEVICE float to_unit_float16(std::uint32_t bits) {
+  return static_cast<float>(bits & 0xffffu) * 0x1.0p-16f;
+}
 
 /// The random numbers of one (seed, step, stream) triple, indexed by element.
 ///

@@ -59,24 +59,24 @@ run() {
   local tests_bin=$kit/bin/gradcomp_gpu_tests bench_bin=$kit/bin/gradcomp_bench_cuda libs nccl
   libs=$(python_lib_dirs)
   nccl=$(echo "$libs" | tr ':' '\n' | grep -m1 nccl || true)
-  if [ ! -x "$tests_bin" ]; then
-    echo "no prebuilt binaries in $kit: building here"
+  export LD_LIBRARY_PATH="$PWD/$kit/lib:$PWD/$kit/prefix/lib/x86_64-linux-gnu${libs:+:$libs}:${LD_LIBRARY_PATH:-}"
+  if [ ! -x "$tests_bin" ] || ldd "$tests_bin" "$bench_bin" | grep -q 'not found'; then
+    echo "no prebuilt binaries in $kit that load here: building here"
     build build-gpu -DCMAKE_PREFIX_PATH="$PWD/$kit/prefix" ${nccl:+-DNCCL_ROOT=$(dirname "$nccl")}
     tests_bin=build-gpu/test/gradcomp_gpu_tests
     bench_bin=build-gpu/bench/gradcomp_bench_cuda
   fi
-  export LD_LIBRARY_PATH="$PWD/$kit/lib:$PWD/$kit/prefix/lib/x86_64-linux-gnu${libs:+:$libs}:${LD_LIBRARY_PATH:-}"
   mkdir -p "$out"
   nvidia-smi -L 2>/dev/null || echo "nvidia-smi: no GPU listed"
 
   local status=0 tests
-  "$tests_bin" >"$out/gpu_tests.log" 2>&1 || status=$?
+  timeout 240 "$tests_bin" >"$out/gpu_tests.log" 2>&1 || status=$?
   case $status in
     0) tests="passed" ;;
     77) tests="skipped (no CUDA device)" ;;
     *) tests="FAILED (exit $status)"; tail -40 "$out/gpu_tests.log" ;;
   esac
-  "$bench_bin" --benchmark_min_time=0.1 --benchmark_out="$out/bench_cuda.json" \
+  timeout 240 "$bench_bin" --benchmark_min_time=0.1 --benchmark_out="$out/bench_cuda.json" \
     --benchmark_out_format=json >"$out/bench_cuda.log" 2>&1 || echo "benchmark binary failed: see $out/bench_cuda.log"
 
   echo

@@ -35,7 +35,7 @@ struct fp32_encode {
   GRADCOMP_HOST_DEVICE bool operator()(std::size_t i) const {
     float const acc = ef.accumulate(i, gradient[i]);
     bool const usable = mean_codec<float>::fits(acc);
-    gradient[i] = acc;
+    if (usable) gradient[i] = acc;  // a bad value keeps its own bits (a device would rewrite a NaN's payload)
     ef.update(i, 0.0f, usable);
     return !usable;
   }

@@ -112,11 +112,21 @@ void parallel_for_chunks(cuda_space const& space, std::size_t n, std::size_t /*c
 /// For each segment of `segment_size` elements: the sum of value(i)^2 in the
 /// canonical lane order (one warp per segment), then finish(j, sum), whose
 /// true results are counted into `*counter`. Bitwise the same as the host.
+/// One warp walks a whole segment: keep segments short (sum long ones in
+/// two levels with segment_sum).
 template <class Value, class Finish>
 void segment_sum_of_squares(cuda_space const& space, std::size_t n, std::size_t segment_size, Value const& value,
                             Finish const& finish, std::uint64_t* counter) {
-  detail::cuda_kernels<detail::cuda_kernels_tag, Value>::segment_sum_of_squares(space, n, segment_size, value, finish,
-                                                                                counter);
+  detail::cuda_kernels<detail::cuda_kernels_tag, Value>::template segment_sums<true>(space, n, segment_size, value,
+                                                                                     finish, counter);
+}
+
+/// As segment_sum_of_squares, summing value(i) itself.
+template <class Value, class Finish>
+void segment_sum(cuda_space const& space, std::size_t n, std::size_t segment_size, Value const& value,
+                 Finish const& finish, std::uint64_t* counter) {
+  detail::cuda_kernels<detail::cuda_kernels_tag, Value>::template segment_sums<false>(space, n, segment_size, value,
+                                                                                      finish, counter);
 }
 
 }  // namespace gradcomp

@@ -41,9 +41,9 @@ __global__ void __launch_bounds__(element_block_threads) count_kernel(std::size_
 
 // One warp per segment; lane l takes elements l, l + 32, ... of it, then the
 // butterfly: the order of detail/lane_sum.hpp.
-template <class Value, class Finish>
+template <bool Squares, class Value, class Finish>
 __global__ void __launch_bounds__(element_block_threads)
-    segment_squares_kernel(std::size_t n, std::size_t segment_size, Value value, Finish finish,
+    segment_sums_kernel(std::size_t n, std::size_t segment_size, Value value, Finish finish,
                            unsigned long long* counter) {
   constexpr unsigned warps_per_block = element_block_threads / sum_lanes;
   unsigned const lane = threadIdx.x % sum_lanes;
@@ -54,7 +54,8 @@ __global__ void __launch_bounds__(element_block_threads)
     std::size_t const begin = j * segment_size;
     std::size_t const end = begin + segment_size < n ? begin + segment_size : n;
     float partial = 0.0f;
-    for (std::size_t i = begin + lane; i < end; i += sum_lanes) partial = add_square(partial, value(i));
+    for (std::size_t i = begin + lane; i < end; i += sum_lanes)
+      partial = Squares ? add_square(partial, value(i)) : __fadd_rn(partial, value(i));
     for (int offset = sum_lanes / 2; offset > 0; offset /= 2)
       partial = __fadd_rn(partial, __shfl_xor_sync(0xffffffffu, partial, offset));
     if (lane == 0) bad += finish(j, partial) ? 1u : 0u;
@@ -76,12 +77,12 @@ struct cuda_kernels<cuda_kernels_tag, F> {
         n, f, reinterpret_cast<unsigned long long*>(counter));
     GRADCOMP_CUDA_TRY(cudaGetLastError());
   }
-  template <class Finish>
-  static void segment_sum_of_squares(cuda_space const& space, std::size_t n, std::size_t segment_size, F const& value,
-                                     Finish const& finish, std::uint64_t* counter) {
+  template <bool Squares, class Finish>
+  static void segment_sums(cuda_space const& space, std::size_t n, std::size_t segment_size, F const& value,
+                           Finish const& finish, std::uint64_t* counter) {
     if (n == 0) return;
     std::size_t const segments = (n + segment_size - 1) / segment_size;
-    segment_squares_kernel<<<element_blocks(segments * sum_lanes), element_block_threads, 0, space.stream>>>(
+    segment_sums_kernel<Squares><<<element_blocks(segments * sum_lanes), element_block_threads, 0, space.stream>>>(
         n, segment_size, value, finish, reinterpret_cast<unsigned long long*>(counter));
     GRADCOMP_CUDA_TRY(cudaGetLastError());
   }

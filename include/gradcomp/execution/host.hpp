@@ -90,6 +90,30 @@ void parallel_for_chunks(host_space const& space, std::size_t n, std::size_t chu
   for (std::size_t j = 0; j < chunks; ++j) f.chunk(j, j * chunk, j * chunk + chunk < n ? j * chunk + chunk : n);
 }
 
+namespace detail {
+// The segment sums of both flavours (see segment_sum_of_squares / segment_sum).
+template <bool Squares, class Value, class Finish>
+void host_segment_sums(host_space const& space, std::size_t n, std::size_t segment_size, Value const& value,
+                       Finish const& finish, std::uint64_t* counter) {
+  std::size_t const segments = (n + segment_size - 1) / segment_size;
+  [[maybe_unused]] int const threads = space.threads_for(n);
+  auto const add = [](float acc, float x) { return Squares ? add_square(acc, x) : acc + x; };
+  std::uint64_t count = 0;
+  GRADCOMP_OMP(parallel for schedule(static) num_threads(threads) reduction(+ : count))
+  for (std::size_t j = 0; j < segments; ++j) {
+    std::size_t const begin = j * segment_size;
+    std::size_t const end = begin + segment_size < n ? begin + segment_size : n;
+    float partial[sum_lanes] = {};
+    std::size_t i = begin;
+    for (; i + sum_lanes <= end; i += sum_lanes)  // whole rows of 32: vectorized
+      for (int lane = 0; lane < sum_lanes; ++lane) partial[lane] = add(partial[lane], value(i + lane));
+    for (int lane = 0; i + lane < end; ++lane) partial[lane] = add(partial[lane], value(i + lane));
+    count += finish(j, butterfly_sum(partial)) ? 1u : 0u;
+  }
+  *counter += count;
+}
+}  // namespace detail
+
 /// For each segment j of `segment_size` consecutive elements of [0, n) (the
 /// last may be shorter): sum = Σ value(i)^2 in the canonical lane order of
 /// detail/lane_sum.hpp, then `*counter += finish(j, sum)` (finish returns
@@ -97,22 +121,15 @@ void parallel_for_chunks(host_space const& space, std::size_t n, std::size_t chu
 template <class Value, class Finish>
 void segment_sum_of_squares(host_space const& space, std::size_t n, std::size_t segment_size, Value const& value,
                             Finish const& finish, std::uint64_t* counter) {
-  std::size_t const segments = (n + segment_size - 1) / segment_size;
-  [[maybe_unused]] int const threads = space.threads_for(n);
-  std::uint64_t count = 0;
-  GRADCOMP_OMP(parallel for schedule(static) num_threads(threads) reduction(+ : count))
-  for (std::size_t j = 0; j < segments; ++j) {
-    std::size_t const begin = j * segment_size;
-    std::size_t const end = begin + segment_size < n ? begin + segment_size : n;
-    float partial[detail::sum_lanes] = {};
-    std::size_t i = begin;
-    for (; i + detail::sum_lanes <= end; i += detail::sum_lanes)  // whole rows of 32: vectorized
-      for (int lane = 0; lane < detail::sum_lanes; ++lane)
-        partial[lane] = detail::add_square(partial[lane], value(i + lane));
-    for (int lane = 0; i + lane < end; ++lane) partial[lane] = detail::add_square(partial[lane], value(i + lane));
-    count += finish(j, detail::butterfly_sum(partial)) ? 1u : 0u;
-  }
-  *counter += count;
+  detail::host_segment_sums<true>(space, n, segment_size, value, finish, counter);
+}
+
+/// As segment_sum_of_squares, summing value(i) itself (plain adds in the
+/// same lane order): for a second level over partial sums.
+template <class Value, class Finish>
+void segment_sum(host_space const& space, std::size_t n, std::size_t segment_size, Value const& value,
+                 Finish const& finish, std::uint64_t* counter) {
+  detail::host_segment_sums<false>(space, n, segment_size, value, finish, counter);
 }
 
 }  // namespace gradcomp

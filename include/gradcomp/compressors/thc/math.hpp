@@ -31,33 +31,48 @@ GRADCOMP_HOST_DEVICE void thc_signs128(random_stream const& shared, std::size_t 
 }
 
 /// Elements whose rounding noise one Philox call of this rank's stream
-/// provides: 4 with one uniform each (uniform quantizer), 2 with two each
-/// (table quantizer).
-GRADCOMP_HOST_DEVICE std::size_t thc_noise_share(bool table) { return table ? 2 : 4; }
+/// provides: its 128 bits as eight 16-bit uniforms, one per element for the
+/// uniform quantizer, two per element for the table quantizer. (16 bits
+/// bias a rounding probability by at most 2^-16 of a level, far below the
+/// noise of the rounding itself, and halve the generator's cost.)
+GRADCOMP_HOST_DEVICE std::size_t thc_noise_share(bool table) { return table ? 4 : 8; }
+
+/// Uniform j (0..7) of a Philox block: the low, then the high, half of each word.
+GRADCOMP_HOST_DEVICE float thc_uniform16(uint4x32 const& words, unsigned j) {
+  return to_unit_float16(words.v[j / 2] >> (16 * (j % 2)));
+}
 
 /// The uniforms element i rounds with, from the words of Philox block
 /// i / thc_noise_share(table).
 GRADCOMP_HOST_DEVICE void thc_noise(uint4x32 const& words, std::size_t i, bool table, float& u1, float& u2) {
   if (table) {
-    unsigned const half = static_cast<unsigned>(i % 2) * 2;
-    u1 = to_unit_float(words.v[half]);
-    u2 = to_unit_float(words.v[half + 1]);
+    unsigned const pair = static_cast<unsigned>(i % 4) * 2;
+    u1 = thc_uniform16(words, pair);
+    u2 = thc_uniform16(words, pair + 1);
   } else {
-    u1 = to_unit_float(words.v[i % 4]);
+    u1 = thc_uniform16(words, static_cast<unsigned>(i % 8));
     u2 = 0.0f;
   }
 }
 
-/// Butterfly p of stage s on a block: elements lo and lo + 2^s become
-/// (a + b) / sqrt(2) and (a - b) / sqrt(2). Orthonormal, and its own inverse;
-/// stages on different bits commute, so any number of them (partial
-/// rotation) is orthonormal and undone by applying the same stages again.
+/// Butterfly p of stage s on a block: elements lo and lo + 2^s become a + b
+/// and a - b. Unnormalized (a Walsh-Hadamard matrix of +-1), so a butterfly
+/// is an add and a subtract, exact to reorder and fuse across stages, with no
+/// multiply a compiler could contract; the orthonormal 2^(-s/2) of s stages
+/// is folded into the scale that follows (thc_rotation_scale). Stages on
+/// different bits commute, and applying the same stages twice multiplies by
+/// 2^s, so the scaled transform is orthonormal and its own inverse.
 GRADCOMP_HOST_DEVICE void thc_butterfly(float* block, std::size_t p, int s) {
   std::size_t const low_bits = (std::size_t{1} << s) - 1;
   std::size_t const lo = ((p >> s) << (s + 1)) | (p & low_bits), hi = lo | (std::size_t{1} << s);
   float const a = block[lo], b = block[hi];
-  block[lo] = (a + b) * 0.70710678118654752f;
-  block[hi] = (a - b) * 0.70710678118654752f;
+  block[lo] = a + b;
+  block[hi] = a - b;
+}
+
+/// 2^(-stages/2): what makes `stages` unnormalized butterfly stages orthonormal.
+inline float thc_rotation_scale(int stages) {
+  return static_cast<float>(std::ldexp(stages % 2 ? 0.70710678118654752440 : 1.0, -(stages / 2)));
 }
 
 /// x * y + z rounded once, on host and device alike (no compiler may

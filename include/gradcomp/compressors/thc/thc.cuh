@@ -1,5 +1,7 @@
 // THC's CUDA side: one thread block per rotation block, the block in shared
-// memory, the butterflies of a stage spread over the threads.
+// memory, the butterflies of a stage spread over the threads. The random
+// numbers are drawn as on the host: one Philox call per 128 signs (kept in
+// shared memory as bits) and per 8 (uniform) or 4 (table) roundings.
 #pragma once
 
 #include <gradcomp/compressors/thc/thc.hpp>
@@ -9,47 +11,96 @@ namespace gradcomp::detail {
 
 inline constexpr int thc_threads = 256;
 
+/// Shared memory of a block of B: the block, acc, and the sign bits.
+inline std::size_t thc_shared_bytes(std::size_t block) {
+  return 2 * block * sizeof(float) + (block / 32 + 1) * sizeof(std::uint32_t);
+}
+
+struct thc_shared {
+  float* x;
+  float* acc;
+  std::uint32_t* sign_bits;
+};
+
+__device__ inline thc_shared thc_carve_shared(float* memory, std::size_t block) {
+  return {memory, memory + block, reinterpret_cast<std::uint32_t*>(memory + 2 * block)};
+}
+
+// The sign bits of the block starting at `first` (blocks of 128 or more:
+// whole Philox calls; smaller blocks take thc_sign element by element).
+__device__ inline void thc_load_signs(thc_block_params const& p, std::size_t first, std::uint32_t* bits) {
+  if (p.block < 128) return;
+  for (std::size_t k = threadIdx.x; k < p.block / 128; k += blockDim.x) {
+    uint4x32 const words = p.shared(first / 128 + k);
+    for (int w = 0; w < 4; ++w) bits[4 * k + w] = words.v[w];
+  }
+}
+
+__device__ inline float thc_block_sign(thc_block_params const& p, std::uint32_t const* bits, std::size_t first,
+                                       std::size_t t) {
+  if (p.block < 128) return thc_sign(p.shared, first + t);
+  return bits_float(0x3f800000u | (((bits[t / 32] >> (t % 32)) & 1u) << 31));
+}
+
+__device__ inline void thc_rotate_shared(thc_block_params const& p, float* x) {
+  for (int s = 0; s < p.stages; ++s) {
+    for (std::size_t q = threadIdx.x; q < p.block / 2; q += blockDim.x) thc_butterfly(x, q, s);
+    __syncthreads();
+  }
+}
+
 template <class Lane, class EF>
-__device__ void thc_run_block(thc_encode<Lane, EF> const& f, std::size_t b, float* buffer) {
-  std::size_t const first = b * f.p.block, half = f.p.block / 2;
-  for (std::size_t t = threadIdx.x; t < f.p.block; t += blockDim.x)
-    f.load(buffer, first, t, thc_sign(f.p.shared, first + t));
+__device__ void thc_run_block(thc_encode<Lane, EF> const& f, std::size_t b, float* memory) {
+  thc_block_params const& p = f.p;
+  thc_shared const sh = thc_carve_shared(memory, p.block);
+  std::size_t const first = b * p.block;
+  thc_load_signs(p, first, sh.sign_bits);
   __syncthreads();
-  for (int s = 0; s < f.p.stages; ++s) {
-    for (std::size_t q = threadIdx.x; q < half; q += blockDim.x) thc_butterfly(buffer, q, s);
-    __syncthreads();
+  for (std::size_t t = threadIdx.x; t < p.block; t += blockDim.x) {
+    float const acc = first + t < p.n ? f.ef.accumulate(first + t, f.gradient[first + t]) : 0.0f;
+    sh.acc[t] = acc;
+    sh.x[t] = acc * thc_block_sign(p, sh.sign_bits, first, t);
   }
-  float const forward = f.p.forward_scale(b), backward = f.p.backward_scale(b);
-  for (std::size_t t = threadIdx.x; t < f.p.block; t += blockDim.x)
-    f.quantize(buffer, first, t, forward, backward, f.p.mine((first + t) / thc_noise_share(f.p.codec.table)));
   __syncthreads();
-  for (int s = 0; s < f.p.stages; ++s) {
-    for (std::size_t q = threadIdx.x; q < half; q += blockDim.x) thc_butterfly(buffer, q, s);
-    __syncthreads();
+  thc_rotate_shared(p, sh.x);
+  float const forward = p.forward_scale(b), backward = p.backward_scale(b);
+  std::size_t const share = thc_noise_share(p.codec.table);
+  if (p.block % share == 0) {  // each thread: one Philox call, the elements it covers
+    for (std::size_t k = threadIdx.x; k < p.block / share; k += blockDim.x) {
+      uint4x32 const words = p.mine(first / share + k);
+      for (std::size_t j = 0; j < share; ++j) f.quantize(sh.x, first, k * share + j, forward, backward, words);
+    }
+  } else {
+    for (std::size_t t = threadIdx.x; t < p.block; t += blockDim.x)
+      f.quantize(sh.x, first, t, forward, backward, p.mine((first + t) / share));
   }
-  for (std::size_t t = threadIdx.x; t < f.p.block && first + t < f.p.n; t += blockDim.x)
-    f.keep(buffer, first, t, thc_sign(f.p.shared, first + t));
+  __syncthreads();
+  thc_rotate_shared(p, sh.x);
+  for (std::size_t t = threadIdx.x; t < p.block && first + t < p.n; t += blockDim.x) {
+    float const acc = sh.acc[t];
+    f.ef.update(first + t, acc - sh.x[t] * thc_block_sign(p, sh.sign_bits, first, t), mean_codec<float>::fits(acc));
+  }
 }
 
 template <class Lane>
-__device__ void thc_run_block(thc_decode<Lane> const& f, std::size_t b, float* buffer) {
-  std::size_t const first = b * f.p.block, half = f.p.block / 2;
-  float const backward = f.p.backward_scale(b);
-  for (std::size_t t = threadIdx.x; t < f.p.block; t += blockDim.x) f.dequantize(buffer, first, t, backward);
+__device__ void thc_run_block(thc_decode<Lane> const& f, std::size_t b, float* memory) {
+  thc_block_params const& p = f.p;
+  thc_shared const sh = thc_carve_shared(memory, p.block);
+  std::size_t const first = b * p.block;
+  float const backward = p.backward_scale(b);
+  thc_load_signs(p, first, sh.sign_bits);
+  for (std::size_t t = threadIdx.x; t < p.block; t += blockDim.x) f.dequantize(sh.x, first, t, backward);
   __syncthreads();
-  for (int s = 0; s < f.p.stages; ++s) {
-    for (std::size_t q = threadIdx.x; q < half; q += blockDim.x) thc_butterfly(buffer, q, s);
-    __syncthreads();
-  }
-  for (std::size_t t = threadIdx.x; t < f.p.block && first + t < f.p.n; t += blockDim.x)
-    f.store(buffer, first, t, thc_sign(f.p.shared, first + t));
+  thc_rotate_shared(p, sh.x);
+  for (std::size_t t = threadIdx.x; t < p.block && first + t < p.n; t += blockDim.x)
+    f.store(sh.x, first, t, thc_block_sign(p, sh.sign_bits, first, t));
 }
 
 template <class F>
 __global__ void __launch_bounds__(thc_threads) thc_blocks_kernel(std::size_t blocks, F f) {
-  extern __shared__ float buffer[];
+  extern __shared__ float memory[];
   for (std::size_t b = blockIdx.x; b < blocks; b += gridDim.x) {
-    thc_run_block(f, b, buffer);
+    thc_run_block(f, b, memory);
     __syncthreads();
   }
 }
@@ -59,7 +110,7 @@ struct thc_device<thc_device_tag, F> {
   static void for_each_block(cuda_space const& space, std::size_t blocks, std::size_t block_size, F const& f) {
     if (blocks == 0) return;
     unsigned const grid = static_cast<unsigned>(std::min<std::size_t>(blocks, 65535));
-    thc_blocks_kernel<<<grid, thc_threads, block_size * sizeof(float), space.stream>>>(blocks, f);
+    thc_blocks_kernel<<<grid, thc_threads, thc_shared_bytes(block_size), space.stream>>>(blocks, f);
     GRADCOMP_CUDA_TRY(cudaGetLastError());
   }
 };

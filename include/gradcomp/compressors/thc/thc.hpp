@@ -3,9 +3,11 @@
 //
 // Per step, with acc = g + e and the bucket cut into rotation blocks of B
 // elements (the last zero-padded) and scale groups of G elements:
-//   1. norm pass: the squared norm of acc per group [reads g, e]; the ranks
-//      agree on the largest of each group with one all-reduce(max). A
-//      rotation keeps norms, so no transform is needed for this.
+//   1. norm pass: the squared norm of acc per rotation block [reads g, e],
+//      then per group (from the block norms: two short sums, so a GPU warp
+//      never walks a whole group); the ranks agree on the largest of each
+//      group with one all-reduce(max). A rotation keeps norms, so no
+//      transform is needed for this.
 //   2. encode pass, one block at a time [reads g, e; writes levels, e]:
 //      random signs D (shared seed: the same on every rank), `stages`
 //      Walsh-Hadamard butterflies (all log2 B of them: the full rotation;
@@ -13,7 +15,8 @@
 //      sqrt(G) / max norm, clamp at +-T (saturation: the clipped part stays
 //      in the residual), unbiased stochastic rounding to integer lane values
 //      with per-rank randomness; then, in the same pass, the rank decodes its
-//      own values, rotates back, and keeps e = acc - own decode.
+//      own values, rotates back, and keeps e = acc - own decode (acc stays
+//      in the block's buffer: g and e are read once).
 //   3. all-reduce(sum) of the lane values in the Lane type.
 //   4. decode pass, one block at a time [reads levels; writes g]: mean value
 //      -> z -> scale back -> inverse rotation -> output.
@@ -61,10 +64,11 @@ struct thc_block_params {
   int stages;          // butterfly stages
   std::size_t group;   // G
   float const* norms;  // squared norms, max over ranks, per group
+  float rotation;      // 2^(-stages/2): makes the unnormalized butterflies orthonormal
   thc_codec codec;
   random_stream shared;  // signs
   random_stream mine;    // this rank's rounding noise
-  float ranks;
+  float sum_step;  // 2T / (top x n): a lane sum of n ranks' values to z, with one fused multiply-add
 
   /// sqrt(coordinates in the group) / max norm, or 0 for a zero group.
   GRADCOMP_HOST_DEVICE float forward_scale(std::size_t block_index) const {
@@ -72,27 +76,32 @@ struct thc_block_params {
     std::size_t const padded = (n + block - 1) / block * block;
     std::size_t const coords = (g + 1) * group <= padded ? group : padded - g * group;
     float const norm = sqrtf(norms[g]);
-    return norm > 0.0f ? sqrtf(static_cast<float>(coords)) / norm : 0.0f;
+    return norm > 0.0f ? sqrtf(static_cast<float>(coords)) / norm * rotation : 0.0f;
   }
   GRADCOMP_HOST_DEVICE float backward_scale(std::size_t block_index) const {
     std::size_t const first = block_index * block, g = first / group;
     std::size_t const padded = (n + block - 1) / block * block;
     std::size_t const coords = (g + 1) * group <= padded ? group : padded - g * group;
-    return sqrtf(norms[g]) / sqrtf(static_cast<float>(coords));
+    return sqrtf(norms[g]) / sqrtf(static_cast<float>(coords)) * rotation;
   }
 };
 
-// The squared norm of each group (segment_sum_of_squares's two functors).
+// The squared norms: of each block (the sum of squares of acc), then of each
+// group (the sum of its blocks'), with the functors of segment_sum[_of_squares].
 template <class EF>
 struct thc_acc {
   float const* gradient;
   EF ef;
   GRADCOMP_HOST_DEVICE float operator()(std::size_t i) const { return ef.accumulate(i, gradient[i]); }
 };
-struct thc_store_norm {
+struct thc_read {
+  float const* values;
+  GRADCOMP_HOST_DEVICE float operator()(std::size_t i) const { return values[i]; }
+};
+struct thc_store_norm {  // a NaN or an overflow to infinity marks the segment bad
   float* norms;
-  GRADCOMP_HOST_DEVICE bool operator()(std::size_t g, float sum) const {
-    norms[g] = sum;
+  GRADCOMP_HOST_DEVICE bool operator()(std::size_t j, float sum) const {
+    norms[j] = sum;
     return !(sum <= 3.40282347e38f);
   }
 };
@@ -108,8 +117,8 @@ inline void host_signs(thc_block_params const& p, std::size_t first, float* sign
 }
 
 /// One butterfly stage over a host block, pairs `half` apart, in runs of
-/// `half` contiguous pairs: the same arithmetic as thc_butterfly, pair for
-/// pair. A compile-time Half lets the compiler vectorize the short strides.
+/// `half` contiguous pairs: thc_butterfly's arithmetic, pair for pair. A
+/// compile-time Half lets the compiler vectorize the short strides.
 template <std::size_t Half>
 void host_stage(float* block, std::size_t size, std::size_t half = Half) {
   for (std::size_t base = 0; base < size; base += 2 * half) {
@@ -117,27 +126,56 @@ void host_stage(float* block, std::size_t size, std::size_t half = Half) {
     float* __restrict hi = block + base + half;
     for (std::size_t j = 0; j < half; ++j) {
       float const a = lo[j], b = hi[j];
-      lo[j] = (a + b) * 0.70710678118654752f;
-      hi[j] = (a - b) * 0.70710678118654752f;
+      lo[j] = a + b;
+      hi[j] = a - b;
     }
   }
 }
 
-/// All butterflies of `stages` stages on a host block.
+/// Two stages (pairs `half`, then 2 `half` apart) in one pass over the block:
+/// the same adds and subtracts as two host_stage calls, so the same bits,
+/// with half the loads and stores.
+template <std::size_t Half>
+void host_stage_pair(float* block, std::size_t size, std::size_t half = Half) {
+  for (std::size_t base = 0; base < size; base += 4 * half) {
+    float* __restrict q0 = block + base;
+    float* __restrict q1 = q0 + half;
+    float* __restrict q2 = q1 + half;
+    float* __restrict q3 = q2 + half;
+    for (std::size_t j = 0; j < half; ++j) {
+      float const a = q0[j], b = q1[j], c = q2[j], d = q3[j];
+      float const ab = a + b, a_b = a - b, cd = c + d, c_d = c - d;
+      q0[j] = ab + cd;
+      q2[j] = ab - cd;
+      q1[j] = a_b + c_d;
+      q3[j] = a_b - c_d;
+    }
+  }
+}
+
+/// The first `stages` butterfly stages on a host block, two per pass.
 inline void host_rotate(float* block, std::size_t size, int stages) {
-  for (int s = 0; s < stages; ++s) {
+  int s = 0;
+  for (; s + 2 <= stages; s += 2) {
+    switch (s) {
+      case 0:
+        host_stage_pair<1>(block, size);
+        break;
+      case 2:
+        host_stage_pair<4>(block, size);
+        break;
+      default:
+        host_stage_pair<0>(block, size, std::size_t{1} << s);
+        break;
+    }
+  }
+  if (s < stages) {
     switch (s) {
       case 0:
         host_stage<1>(block, size);
         break;
-      case 1:
-        host_stage<2>(block, size);
-        break;
       case 2:
         host_stage<4>(block, size);
-        break;
-      case 3:
-        host_stage<8>(block, size);
         break;
       default:
         host_stage<0>(block, size, std::size_t{1} << s);
@@ -147,10 +185,11 @@ inline void host_rotate(float* block, std::size_t size, int stages) {
 }
 
 /// This rank's rounding noise for a host block: the Philox blocks its
-/// elements draw from, computed in one loop (which vectorizes).
+/// elements [first, first + size) draw from, in one loop (which vectorizes).
+/// Element first + t takes words[(first + t) / share - first / share].
 inline void host_noise(random_stream const& mine, std::size_t first, std::size_t size, bool table, uint4x32* words) {
-  std::size_t const share = thc_noise_share(table);
-  for (std::size_t k = 0; k < (size + share - 1) / share; ++k) words[k] = mine(first / share + k);
+  std::size_t const share = thc_noise_share(table), begin = first / share, end = (first + size - 1) / share + 1;
+  for (std::size_t k = 0; k < end - begin; ++k) words[k] = mine(begin + k);
 }
 
 /// Encode: one block from acc to lane values, keeping this rank's residual.
@@ -163,49 +202,48 @@ struct thc_encode {
   EF ef;
   Lane* levels;
 
-  // Host: the block in `buffer`, its signs in `signs` (B floats each). The
-  // random numbers come one Philox call per 128 signs and per 2 roundings.
-  void block(std::size_t b, float* buffer, float* signs, uint4x32* noise) const {
+  // Host: the block in `buffer`, its signs in `signs`, acc in `accs` (B
+  // floats each). The random numbers come one Philox call per 128 signs and
+  // per 8 (uniform) or 4 (table) roundings.
+  void block(std::size_t b, float* buffer, float* signs, float* accs, uint4x32* noise) const {
     std::size_t const first = b * p.block;
     std::size_t const inside = first + p.block <= p.n ? p.block : (first < p.n ? p.n - first : 0);
     EF const e = ef;                               // a local copy: its pointers stay in registers, the loops vectorize
     float const* __restrict g = gradient + first;  // (only read while it lives)
-    float* x = buffer;                             // (no __restrict: the rotations below write the block too)
+    float* __restrict acc = accs;
+    float* x = buffer;  // (no __restrict: the rotations below write the block too)
     float const* sign = signs;
     host_signs(p, first, signs);
-    for (std::size_t t = 0; t < inside; ++t) x[t] = e.accumulate(first + t, g[t]) * sign[t];
+    for (std::size_t t = 0; t < inside; ++t) acc[t] = e.accumulate(first + t, g[t]);
+    for (std::size_t t = 0; t < inside; ++t) x[t] = acc[t] * sign[t];
     for (std::size_t t = inside; t < p.block; ++t) x[t] = 0.0f;
     host_rotate(buffer, p.block, p.stages);
     float const forward = p.forward_scale(b), backward = p.backward_scale(b);
     host_noise(p.mine, first, p.block, p.codec.table, noise);
-    if (p.codec.table) {
-      for (std::size_t t = 0; t < p.block; ++t) quantize(buffer, first, t, forward, backward, noise[t / 2]);
-    } else {  // the same values as quantize(), in a loop that vectorizes: word t % 4 of block t / 4 is element t's
+    if (p.codec.table || first % thc_noise_share(false) != 0) {
+      std::size_t const share = thc_noise_share(p.codec.table);
+      for (std::size_t t = 0; t < p.block; ++t)
+        quantize(buffer, first, t, forward, backward, noise[(first + t) / share - first / share]);
+    } else {  // the same values as quantize(), in a loop that vectorizes: element t draws 16-bit uniform t
       // Scalars and __restrict: a byte store may alias anything, which would
       // otherwise force every parameter to be reloaded, element by element.
       float const clamp = p.codec.clamp, top = p.codec.top;
       std::size_t const size = p.block;
-      float* __restrict x = buffer;
+      float* __restrict z = buffer;
       Lane* __restrict out = levels + first;
-      auto const* __restrict words = reinterpret_cast<std::uint32_t const*>(noise);
+      static_assert(std::endian::native == std::endian::little, "the 16-bit uniforms are read as halves of words");
+      auto const* __restrict halves = reinterpret_cast<std::uint16_t const*>(noise);
       for (std::size_t t = 0; t < size; ++t) {
-        std::uint32_t const value = thc_round(x[t] * forward, to_unit_float(words[t]), clamp, top);
+        float const u = to_unit_float16(halves[t]);  // thc_uniform16(noise[t / 8], t % 8)
+        std::uint32_t const value = thc_round(z[t] * forward, u, clamp, top);
         out[t] = static_cast<Lane>(value);
-        x[t] = thc_unround(static_cast<float>(value), clamp, top) * backward;
+        z[t] = thc_unround(static_cast<float>(value), clamp, top) * backward;
       }
     }
     host_rotate(buffer, p.block, p.stages);
-    for (std::size_t t = 0; t < inside; ++t) {
-      float const acc = e.accumulate(first + t, g[t]);
-      e.update(first + t, acc - x[t] * sign[t], mean_codec<float>::fits(acc));
-    }
+    for (std::size_t t = 0; t < inside; ++t) e.update(first + t, acc[t] - x[t] * sign[t], mean_codec<float>::fits(acc[t]));
   }
 
-  // acc * D into the block (zeros past the end of the bucket).
-  GRADCOMP_HOST_DEVICE void load(float* buffer, std::size_t first, std::size_t t, float sign) const {
-    std::size_t const i = first + t;
-    buffer[t] = i < p.n ? ef.accumulate(i, gradient[i]) * sign : 0.0f;
-  }
   // Rotated coordinate -> lane value; the block keeps this rank's own decode.
   // `words` is the Philox block element first + t draws from (thc_noise).
   GRADCOMP_HOST_DEVICE void quantize(float* buffer, std::size_t first, std::size_t t, float forward, float backward,
@@ -216,12 +254,6 @@ struct thc_encode {
     levels[first + t] = static_cast<Lane>(value);
     buffer[t] = p.codec.decode(static_cast<float>(value)) * backward;
   }
-  // After the inverse rotation: e = acc - own decode.
-  GRADCOMP_HOST_DEVICE void keep(float const* buffer, std::size_t first, std::size_t t, float sign) const {
-    std::size_t const i = first + t;
-    float const acc = ef.accumulate(i, gradient[i]);
-    ef.update(i, acc - buffer[t] * sign, mean_codec<float>::fits(acc));
-  }
 };
 
 /// Decode: summed lane values of one block to the averaged output.
@@ -231,7 +263,7 @@ struct thc_decode {
   Lane const* summed;
   float* gradient;
 
-  void block(std::size_t b, float* buffer, float* signs, uint4x32*) const {
+  void block(std::size_t b, float* buffer, float* signs, float*, uint4x32*) const {
     std::size_t const first = b * p.block;
     float const backward = p.backward_scale(b);
     for (std::size_t t = 0; t < p.block; ++t) dequantize(buffer, first, t, backward);
@@ -243,7 +275,7 @@ struct thc_decode {
     for (std::size_t t = 0; t < p.block && first + t < p.n; ++t) out[t] = x[t] * sign[t];
   }
   GRADCOMP_HOST_DEVICE void dequantize(float* buffer, std::size_t first, std::size_t t, float backward) const {
-    buffer[t] = p.codec.decode(static_cast<float>(summed[first + t]) / p.ranks) * backward;
+    buffer[t] = fused(static_cast<float>(summed[first + t]), p.sum_step, -p.codec.clamp) * backward;
   }
   GRADCOMP_HOST_DEVICE void store(float const* buffer, std::size_t first, std::size_t t, float sign) const {
     gradient[first + t] = buffer[t] * sign;
@@ -255,10 +287,10 @@ template <class F>
 void for_each_block(host_space const& space, std::size_t blocks, std::size_t block_size, F const& f) {
   [[maybe_unused]] int const threads = space.threads_for(blocks * block_size);
   GRADCOMP_OMP(parallel num_threads(threads)) {
-    float buffer[4096], signs[4096];  // the largest rotation block
-    uint4x32 noise[2048];
+    alignas(64) float buffer[4096], signs[4096], accs[4096];  // the largest rotation block
+    uint4x32 noise[4096 / 4 + 1];
     GRADCOMP_OMP(for schedule(static))
-    for (std::size_t b = 0; b < blocks; ++b) f.block(b, buffer, signs, noise);
+    for (std::size_t b = 0; b < blocks; ++b) f.block(b, buffer, signs, accs, noise);
   }
 }
 
@@ -353,7 +385,8 @@ struct thc {
   template <class Memory>
   struct workspace {
     span<std::uint64_t, Memory> counters;
-    span<float, Memory> norms;  ///< Squared norm per group; then the max over ranks.
+    span<float, Memory> block_norms;  ///< Squared norm per rotation block.
+    span<float, Memory> norms;        ///< Squared norm per group; then the max over ranks.
     span<Lane, Memory> levels;  ///< Lane values of the padded bucket.
     span<std::byte, Memory> scratch;
   };
@@ -363,6 +396,7 @@ struct thc {
   workspace<Memory> carve(workspace_carver<Memory>& w, bucket_layout const& layout, int ranks) const {
     workspace<Memory> ws;
     ws.counters = w.template take<std::uint64_t>(2);
+    ws.block_norms = w.template take<float>(padded(layout.size()) / block);
     ws.norms = w.template take<float>(groups(layout.size()));
     ws.levels = w.template take<Lane>(padded(layout.size()));
     ws.scratch = w.template take<std::byte>(Aggregator::scratch_bytes(ws.levels.size_bytes(), ranks));
@@ -386,8 +420,10 @@ struct thc {
     std::size_t const d = gradient.size(), blocks = ws.levels.size() / block;
 
     space.fill_zero(ws.counters.data(), ws.counters.size_bytes());
-    segment_sum_of_squares(space, d, group, detail::thc_acc<EF>{gradient.data(), ctx.error_feedback()},
-                           detail::thc_store_norm{ws.norms.data()}, ws.counters.data());
+    segment_sum_of_squares(space, d, block, detail::thc_acc<EF>{gradient.data(), ctx.error_feedback()},
+                           detail::thc_store_norm{ws.block_norms.data()}, ws.counters.data());
+    segment_sum(space, blocks, group / block, detail::thc_read{ws.block_norms.data()},
+                detail::thc_store_norm{ws.norms.data()}, ws.counters.data());
     ctx.agree_all_finite(ws.counters.data(), "NaN, infinite, or so large that a group's squared norm overflows");
     ctx.all_reduce(ws.norms, reduce_op::max);
 
@@ -398,10 +434,11 @@ struct thc {
         stage_count(),
         group,
         ws.norms.data(),
+        detail::thc_rotation_scale(stage_count()),
         {clamp_value(), static_cast<float>(top()), quantizer == thc_quantizer::table},
         random_stream(seed, step, random_stream::shared),
         random_stream(seed ^ 0x9e3779b97f4a7c15ull, step, static_cast<std::uint32_t>(ctx.rank())),
-        static_cast<float>(ctx.ranks())};
+        static_cast<float>(2.0 * clamp_value() / (static_cast<double>(top()) * ctx.ranks()))};
     detail::for_each_block(space, blocks, block,
                            detail::thc_encode<Lane, EF>{p, gradient.data(), ctx.error_feedback(), ws.levels.data()});
     ctx.aggregate(ws.levels, ws.scratch);
