@@ -3,6 +3,7 @@
 #include <gradcomp/collectives/mpi.hpp>
 
 #include "common/powersgd_suite.hpp"
+#include "common/quantize_suite.hpp"
 #include "common/topk_suite.hpp"
 
 namespace {
@@ -50,6 +51,9 @@ TEST_CASE_TEMPLATE_INVOKE(topkc_mean, host_mpi);
 TEST_CASE_TEMPLATE_INVOKE(topk_mean, host_mpi);
 TEST_CASE_TEMPLATE_INVOKE(sparse_bad_input, host_mpi);
 TEST_CASE_TEMPLATE_INVOKE(psgd_ranks, host_mpi);
+TEST_CASE_TEMPLATE_INVOKE(quantize_homomorphic, host_mpi);
+TEST_CASE_TEMPLATE_INVOKE(quantize_agreement, host_mpi);
+TEST_CASE_TEMPLATE_INVOKE(quantize_bad_input, host_mpi);
 
 int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);

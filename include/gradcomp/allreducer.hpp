@@ -145,6 +145,10 @@ class allreducer {
   Compressor const& compressor() const { return compressor_; }
   /// The execution space.
   Space const& space() const { return space_; }
+  /// The compressor's workspace: carve it as the compressor does to inspect
+  /// what a step left there (state kept across steps, such as PowerSGD's Q or
+  /// IntSGD's running norm, or the last step's codes).
+  span<std::byte, memory> workspace() const { return workspace_.view(); }
   /// The error-feedback residual carried to the next step.
   auto residual() const requires ErrorFeedback::enabled { return ef_.current(); }
   /// Zeroes the error-feedback state.

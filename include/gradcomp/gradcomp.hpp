@@ -18,6 +18,7 @@
 #include <gradcomp/compressor.hpp>
 #include <gradcomp/compressors/baseline.hpp>
 #include <gradcomp/compressors/powersgd.hpp>
+#include <gradcomp/compressors/quantize.hpp>
 #include <gradcomp/compressors/thc.hpp>
 #include <gradcomp/compressors/topk.hpp>
 #include <gradcomp/config.hpp>

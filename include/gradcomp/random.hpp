@@ -65,6 +65,13 @@ GRADCOMP_HOST_DEVICE float to_unit_float16(std::uint32_t bits) {
   return static_cast<float>(bits & 0xffffu) * 0x1.0p-16f;
 }
 
+/// Uniform j (0..7) of one Philox block read as eight 16-bit uniforms: the
+/// low, then the high, half of each word. (Rounding decisions need no more:
+/// 16 bits bias a rounding probability by at most 2^-16.)
+GRADCOMP_HOST_DEVICE float uniform16(uint4x32 const& words, unsigned j) {
+  return to_unit_float16(words.v[j / 2] >> (16 * (j % 2)));
+}
+
 /// The random numbers of one (seed, step, stream) triple, indexed by element.
 ///
 /// Key = seed (64 bits); counter = (index low, index high, step, stream).

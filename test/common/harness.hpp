@@ -84,11 +84,11 @@ struct setup {
 };
 
 /// True when `mine` holds bitwise the same values as rank 0's vector.
-template <class Collective>
-bool same_as_rank0(Collective& comm, std::vector<float> const& mine) {
-  std::vector<float> rank0 = mine;
+template <class Collective, class T>
+bool same_as_rank0(Collective& comm, std::vector<T> const& mine) {
+  std::vector<T> rank0 = mine;
   comm.broadcast(rank0.data(), rank0.size(), 0);
-  return std::memcmp(rank0.data(), mine.data(), mine.size() * sizeof(float)) == 0;
+  return std::memcmp(rank0.data(), mine.data(), mine.size() * sizeof(T)) == 0;
 }
 
 /// True when a and b hold the same bits (so NaN == NaN, +0 != -0).

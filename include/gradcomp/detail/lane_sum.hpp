@@ -25,6 +25,16 @@ GRADCOMP_HOST_DEVICE float add_square(float acc, float x) {
 #endif
 }
 
+/// x * y + z rounded once, on host and device alike (no compiler may
+/// contract or split it differently).
+GRADCOMP_HOST_DEVICE float fused(float x, float y, float z) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(x, y, z);
+#else
+  return std::fma(x, y, z);
+#endif
+}
+
 /// The butterfly over 32 lane partials, in place; every lane ends with the
 /// total (a + b == b + a exactly, so all lanes agree).
 GRADCOMP_HOST_DEVICE float butterfly_sum(float (&partial)[sum_lanes]) {

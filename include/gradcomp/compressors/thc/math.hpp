@@ -37,20 +37,15 @@ GRADCOMP_HOST_DEVICE void thc_signs128(random_stream const& shared, std::size_t 
 /// noise of the rounding itself, and halve the generator's cost.)
 GRADCOMP_HOST_DEVICE std::size_t thc_noise_share(bool table) { return table ? 4 : 8; }
 
-/// Uniform j (0..7) of a Philox block: the low, then the high, half of each word.
-GRADCOMP_HOST_DEVICE float thc_uniform16(uint4x32 const& words, unsigned j) {
-  return to_unit_float16(words.v[j / 2] >> (16 * (j % 2)));
-}
-
 /// The uniforms element i rounds with, from the words of Philox block
 /// i / thc_noise_share(table).
 GRADCOMP_HOST_DEVICE void thc_noise(uint4x32 const& words, std::size_t i, bool table, float& u1, float& u2) {
   if (table) {
     unsigned const pair = static_cast<unsigned>(i % 4) * 2;
-    u1 = thc_uniform16(words, pair);
-    u2 = thc_uniform16(words, pair + 1);
+    u1 = uniform16(words, pair);
+    u2 = uniform16(words, pair + 1);
   } else {
-    u1 = thc_uniform16(words, static_cast<unsigned>(i % 8));
+    u1 = uniform16(words, static_cast<unsigned>(i % 8));
     u2 = 0.0f;
   }
 }
@@ -73,16 +68,6 @@ GRADCOMP_HOST_DEVICE void thc_butterfly(float* block, std::size_t p, int s) {
 /// 2^(-stages/2): what makes `stages` unnormalized butterfly stages orthonormal.
 inline float thc_rotation_scale(int stages) {
   return static_cast<float>(std::ldexp(stages % 2 ? 0.70710678118654752440 : 1.0, -(stages / 2)));
-}
-
-/// x * y + z rounded once, on host and device alike (no compiler may
-/// contract or split it differently).
-GRADCOMP_HOST_DEVICE float fused(float x, float y, float z) {
-#if defined(__CUDA_ARCH__)
-  return __fmaf_rn(x, y, z);
-#else
-  return std::fma(x, y, z);
-#endif
 }
 
 /// THC's published non-uniform table: 16 values in 0..30, symmetric around 15.

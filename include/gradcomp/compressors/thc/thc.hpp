@@ -234,7 +234,7 @@ struct thc_encode {
       static_assert(std::endian::native == std::endian::little, "the 16-bit uniforms are read as halves of words");
       auto const* __restrict halves = reinterpret_cast<std::uint16_t const*>(noise);
       for (std::size_t t = 0; t < size; ++t) {
-        float const u = to_unit_float16(halves[t]);  // thc_uniform16(noise[t / 8], t % 8)
+        float const u = to_unit_float16(halves[t]);  // uniform16(noise[t / 8], t % 8)
         std::uint32_t const value = thc_round(z[t] * forward, u, clamp, top);
         out[t] = static_cast<Lane>(value);
         z[t] = thc_unround(static_cast<float>(value), clamp, top) * backward;

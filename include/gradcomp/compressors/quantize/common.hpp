@@ -1,0 +1,147 @@
+// What the integer all-reduce quantizers (QSGD-MaxNorm and its variants,
+// IntSGD) share: the bucket's squared norm in two short levels, element
+// loops that draw 16-bit rounding uniforms eight per Philox call, signed
+// stochastic rounding, and the lane-headroom check.
+//
+// Element functors give `bind()`, which reads the step's scalars (a norm, a
+// scale) from workspace memory once and returns a copy holding them, and
+// `element(i[, u])`. The host binds once per chunk and its element loops
+// vectorize; a CUDA thread binds once per call.
+#pragma once
+
+#include <gradcomp/config.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/execution.hpp>
+#include <gradcomp/random.hpp>
+#include <gradcomp/types.hpp>
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+
+namespace gradcomp::detail {
+
+/// Elements per first-level tile of a bucket's squared norm.
+inline constexpr std::size_t norm_tile = 4096;
+
+/// Tiles of a bucket of n elements.
+constexpr std::size_t norm_tiles(std::size_t n) { return (n + norm_tile - 1) / norm_tile; }
+
+struct store_sum {  // a NaN or an overflow to infinity marks the segment bad
+  float* sums;
+  GRADCOMP_HOST_DEVICE bool operator()(std::size_t j, float sum) const {
+    sums[j] = sum;
+    return !(sum <= 3.40282347e38f);
+  }
+};
+struct read_sum {
+  float const* sums;
+  GRADCOMP_HOST_DEVICE float operator()(std::size_t j) const { return sums[j]; }
+};
+
+/// *total = Σ value(i)^2 over [0, n): per tile of norm_tile in the canonical
+/// lane order, then over the tiles, so no GPU warp walks more than a tile or
+/// the tile list. Bad (non-finite) tiles are counted into *counter.
+template <class Space, class Value>
+void bucket_sum_of_squares(Space const& space, std::size_t n, Value const& value, float* tiles, float* total,
+                           std::uint64_t* counter) {
+  segment_sum_of_squares(space, n, norm_tile, value, store_sum{tiles}, counter);
+  std::size_t const count = norm_tiles(n);
+  segment_sum(space, count, count, read_sum{tiles}, store_sum{total}, counter);
+}
+
+/// Host: f.element(i, u) over a chunk, its Philox calls first in one loop.
+inline constexpr std::size_t noise_chunk = 4096;  // a multiple of 8
+
+template <class F>
+struct noise_chunks {
+  F f;
+  random_stream noise;
+  void chunk(std::size_t, std::size_t begin, std::size_t end) const {
+    uint4x32 words[noise_chunk / 8];
+    std::size_t const calls = (end - begin + 7) / 8;
+    for (std::size_t k = 0; k < calls; ++k) words[k] = noise(begin / 8 + k);
+    static_assert(std::endian::native == std::endian::little, "the 16-bit uniforms are read as halves of words");
+    auto const* __restrict halves = reinterpret_cast<std::uint16_t const*>(words);
+    auto const bound = f.bind();  // a local copy: its scalars and pointers stay in registers
+    for (std::size_t i = begin; i < end; ++i) bound.element(i, to_unit_float16(halves[i - begin]));
+  }
+};
+
+/// CUDA: one thread per Philox call, the eight elements it covers.
+template <class F>
+struct noise_groups {
+  F f;
+  random_stream noise;
+  std::size_t n;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t k) const {
+    uint4x32 const words = noise(k);
+    auto const bound = f.bind();
+    for (unsigned j = 0; j < 8; ++j)
+      if (8 * k + j < n) bound.element(8 * k + j, uniform16(words, j));
+  }
+};
+
+/// f.element(i, u) for every i in [0, n): u is uniform j = i % 8 of Philox
+/// call i / 8 of `noise` (uniform16), the same on host and device.
+template <class F>
+void for_each_with_noise(host_space const& space, std::size_t n, random_stream noise, F const& f) {
+  parallel_for_chunks(space, n, noise_chunk, noise_chunks<F>{f, noise});
+}
+
+/// Host: f.element(i) over a chunk, bound once.
+template <class F>
+struct bound_chunks {
+  F f;
+  void chunk(std::size_t, std::size_t begin, std::size_t end) const {
+    auto const bound = f.bind();
+    for (std::size_t i = begin; i < end; ++i) bound.element(i);
+  }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const { f.bind().element(i); }
+};
+
+/// f.element(i) for every i in [0, n).
+template <class Space, class F>
+void for_each_bound(Space const& space, std::size_t n, F const& f) {
+  parallel_for_chunks(space, n, noise_chunk, bound_chunks<F>{f});
+}
+
+#if GRADCOMP_HAS_CUDA
+template <class F>
+void for_each_with_noise(cuda_space const& space, std::size_t n, random_stream noise, F const& f) {
+  parallel_for(space, (n + 7) / 8, noise_groups<F>{f, noise, n});
+}
+#endif
+
+/// |x| rounded to an integer at random, down or up with probability the
+/// fraction (unbiased), with x's sign; x within the lane's range already.
+/// Truncation for floor (|x| >= 0) and single-step selects: loops vectorize.
+GRADCOMP_HOST_DEVICE std::int32_t signed_stochastic_round(float x, float u) {
+  float const magnitude = x < 0.0f ? -x : x;
+  std::int32_t const down = static_cast<std::int32_t>(magnitude);
+  std::int32_t const rounded = down + (u < magnitude - static_cast<float>(down) ? 1 : 0);
+  return x < 0.0f ? -rounded : rounded;
+}
+
+/// The largest |code| one rank may send so that the sum over `ranks` ranks
+/// always fits a signed Lane: floor(max(Lane) / ranks).
+template <class Lane>
+constexpr std::int64_t per_rank_headroom(int ranks) {
+  return static_cast<std::int64_t>(std::numeric_limits<Lane>::max()) / ranks;
+}
+
+/// Throws invalid_argument unless n ranks' codes of up to +-`largest` sum
+/// inside the Lane; the message names n, the bits and the lane.
+template <class Lane>
+void expect_lane_headroom(std::string_view who, int ranks, std::int64_t largest, int bits) {
+  std::int64_t const limit = std::numeric_limits<Lane>::max();
+  GRADCOMP_EXPECTS(largest * ranks <= limit,
+                   std::string(who) + ": " + std::to_string(ranks) + " ranks x codes up to +-" + std::to_string(largest) +
+                       " (" + std::to_string(bits) + " bits) sum beyond the " + std::string(name_of(dtype_of_v<Lane>)) +
+                       " lane (max " + std::to_string(limit) + "); use a wider lane, fewer bits or fewer ranks");
+}
+
+}  // namespace gradcomp::detail
