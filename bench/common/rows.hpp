@@ -40,6 +40,14 @@ void register_compressor_rows(std::string const& space) {
   for (int stages : {5, 3})
     Registrar::template add<thc<>, residual>(space + "/thc4-B1024-s" + std::to_string(stages),
                                              {.block = 1024, .stages = stages, .bits = 4});
+  // The integer all-reduce quantizers: QSGD-MaxNorm at 4 bits in int8 (no
+  // error feedback: it is unbiased, and too noisy at 4 bits for feedback),
+  // two-scale QSGD (6 and 10 bits, int8 codes plus a uint8 scale index),
+  // GlobalRandK (10000 coordinates, then QSGD-MaxNorm), IntSGD in int8.
+  Registrar::template add<qsgd_maxnorm<>, none>(space + "/qsgd4", {.bits = 4});
+  Registrar::template add<qsgd_multiscale, residual>(space + "/qsgd-ms6+10", {});
+  Registrar::template add<global_randk<>, residual>(space + "/randk10k-qsgd4", {.k = 10000, .bits = 4});
+  Registrar::template add<intsgd<>, residual>(space + "/intsgd8", {});
   // PowerSGD on a transformer-like bucket, the bf16 baseline beside it.
   bucket_layout const transformer = transformer_layout();
   Registrar::template add_layout<bf16, none>(space + "/bf16", transformer, {});

@@ -12,8 +12,10 @@
 
 #include <gradcomp/config.hpp>
 #include <gradcomp/execution.hpp>
+#include <gradcomp/types.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 namespace gradcomp::error_feedback {
@@ -68,9 +70,12 @@ struct residual {
     GRADCOMP_HOST_DEVICE float accumulate(std::size_t i, float g) const { return g + previous[i]; }
     /// Records element i's next residual: `residual` (acc - what was sent)
     /// when its value was usable, else the previous residual, so a NaN never
-    /// enters the state. A select, not a branch, so loops vectorize.
+    /// enters the state. A select on the bits: a ?: would let the compiler
+    /// compute `residual` only when used, in a branch (floating point may
+    /// trap, so it is not speculated), and the loop would not vectorize.
     GRADCOMP_HOST_DEVICE void update(std::size_t i, float residual, bool usable) const {
-      next[i] = usable ? residual : previous[i];
+      std::uint32_t const keep = 0u - static_cast<std::uint32_t>(usable);  // all ones when usable
+      next[i] = detail::bits_float((detail::float_bits(residual) & keep) | (detail::float_bits(previous[i]) & ~keep));
     }
   };
 

@@ -67,7 +67,14 @@ struct noise_chunks {
     static_assert(std::endian::native == std::endian::little, "the 16-bit uniforms are read as halves of words");
     auto const* __restrict halves = reinterpret_cast<std::uint16_t const*>(words);
     auto const bound = f.bind();  // a local copy: its scalars and pointers stay in registers
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // every half read was written: calls x 8 >= end - begin
+#endif
     for (std::size_t i = begin; i < end; ++i) bound.element(i, to_unit_float16(halves[i - begin]));
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
   }
 };
 
@@ -122,8 +129,17 @@ void for_each_with_noise(cuda_space const& space, std::size_t n, random_stream n
 GRADCOMP_HOST_DEVICE std::int32_t signed_stochastic_round(float x, float u) {
   float const magnitude = x < 0.0f ? -x : x;
   std::int32_t const down = static_cast<std::int32_t>(magnitude);
-  std::int32_t const rounded = down + (u < magnitude - static_cast<float>(down) ? 1 : 0);
-  return x < 0.0f ? -rounded : rounded;
+  std::int32_t const rounded = down + static_cast<std::int32_t>(u < magnitude - static_cast<float>(down));
+  std::int32_t const negative = -static_cast<std::int32_t>(x < 0.0f);  // all ones when x < 0
+  return (rounded ^ negative) - negative;
+}
+
+/// acc - code x unit, the residual after sending a code: exact product in
+/// double (|code| < 2^24 times a float), so however a compiler contracts it
+/// the host and the device get the same bits; and plain arithmetic (no fma
+/// call that may set errno) lets the select in a residual's update vectorize.
+GRADCOMP_HOST_DEVICE float minus_product(float acc, std::int32_t code, float unit) {
+  return static_cast<float>(static_cast<double>(acc) - static_cast<double>(code) * static_cast<double>(unit));
 }
 
 /// The largest |code| one rank may send so that the sum over `ranks` ranks

@@ -60,8 +60,8 @@ struct intsgd_encode {
     x = x < p.low ? p.low : x;
     x = x > p.high ? p.high : x;
     std::int32_t const q = signed_stochastic_round(x, u);
+    ef.update(i, minus_product(acc, q, inverse), mean_codec<float>::fits(acc));
     codes[i] = static_cast<Lane>(q);
-    ef.update(i, fused(-static_cast<float>(q), inverse, acc), mean_codec<float>::fits(acc));
   }
   // Deterministic rounding: to nearest (u = 1/2: up when the fraction exceeds it).
   GRADCOMP_HOST_DEVICE void element(std::size_t i) const { element(i, 0.5f); }

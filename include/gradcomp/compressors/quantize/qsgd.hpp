@@ -87,8 +87,8 @@ struct qsgd_encode {
     float const acc = ef.accumulate(i, gradient[i]);
     // |acc| <= norm, but a rounded norm can fall a hair short: clamp at s.
     std::int32_t const code = signed_stochastic_round(clamp_symmetric(acc * k.scale, levels), u);
+    ef.update(i, minus_product(acc, code, k.unit), mean_codec<float>::fits(acc));
     codes[i] = static_cast<Lane>(code);
-    ef.update(i, fused(-static_cast<float>(code), k.unit, acc), mean_codec<float>::fits(acc));
   }
 };
 
@@ -116,7 +116,18 @@ struct multiscale_scales {
   float ranks;
   qsgd_scale k[max_scales];
   GRADCOMP_HOST_DEVICE void bind(float squared_norm) {
-    for (int j = 0; j < count; ++j) k[j] = qsgd_scale::of(squared_norm, levels[j], ranks);
+    for (int j = 0; j < max_scales; ++j)  // unused scales fit nothing (an infinite scale)
+      k[j] = j < count ? qsgd_scale::of(squared_norm, levels[j], ranks) : qsgd_scale{__builtin_huge_valf(), 0.0f, 0.0f};
+  }
+  /// k[j], by selects rather than an indexed load, so element loops vectorize.
+  GRADCOMP_HOST_DEVICE qsgd_scale at(unsigned j) const {
+    qsgd_scale chosen = k[0];
+    for (unsigned s = 1; s < max_scales; ++s) {
+      chosen.scale = j == s ? k[s].scale : chosen.scale;
+      chosen.unit = j == s ? k[s].unit : chosen.unit;
+      chosen.mean_unit = j == s ? k[s].mean_unit : chosen.mean_unit;
+    }
+    return chosen;
   }
 };
 
@@ -135,9 +146,11 @@ struct multiscale_propose {  // the finest scale whose code fits this rank's sha
   GRADCOMP_HOST_DEVICE void element(std::size_t i) const {
     float const acc = ef.accumulate(i, gradient[i]);
     float const magnitude = acc < 0.0f ? -acc : acc;
-    std::uint8_t finest = 0;
-    for (int j = 1; j < m.count; ++j) finest = magnitude * m.k[j].scale <= m.share ? static_cast<std::uint8_t>(j) : finest;
-    index[i] = finest;
+    // Scales ascend, so the finest that fits is the count of finer ones that
+    // fit; a fixed trip count (unused scales never fit) lets loops vectorize.
+    std::int32_t finest = 0;
+    for (int j = 1; j < max_scales; ++j) finest += static_cast<std::int32_t>(magnitude * m.k[j].scale <= m.share);
+    index[i] = static_cast<std::uint8_t>(finest);
   }
 };
 
@@ -156,10 +169,10 @@ struct multiscale_encode {
   }
   GRADCOMP_HOST_DEVICE void element(std::size_t i, float u) const {
     float const acc = ef.accumulate(i, gradient[i]);
-    qsgd_scale const& k = m.k[index[i]];
+    qsgd_scale const k = m.at(index[i]);
     std::int32_t const code = signed_stochastic_round(clamp_symmetric(acc * k.scale, m.share), u);
+    ef.update(i, minus_product(acc, code, k.unit), mean_codec<float>::fits(acc));
     codes[i] = static_cast<std::int8_t>(code);
-    ef.update(i, fused(-static_cast<float>(code), k.unit, acc), mean_codec<float>::fits(acc));
   }
 };
 
@@ -175,7 +188,7 @@ struct multiscale_decode {
     return b;
   }
   GRADCOMP_HOST_DEVICE void element(std::size_t i) const {
-    gradient[i] = static_cast<float>(summed[i]) * m.k[index[i]].mean_unit;
+    gradient[i] = static_cast<float>(summed[i]) * m.at(index[i]).mean_unit;
   }
 };
 
@@ -257,7 +270,7 @@ struct randk_encode {  // values: acc in, acc - own decode out
     float const acc = values[j];
     std::int32_t const code = signed_stochastic_round(clamp_symmetric(acc * k.scale, levels), u);
     codes[j] = static_cast<Lane>(code);
-    values[j] = fused(-static_cast<float>(code), k.unit, acc);
+    values[j] = minus_product(acc, code, k.unit);
   }
 };
 
