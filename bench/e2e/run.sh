@@ -37,6 +37,13 @@ compressors=(
   "topk-1%|--compressor topk --ratio 0.01"
   "powersgd-r4|--compressor powersgd --rank 4"
   "thc-4bit|--compressor thc --bits 4 --block 1024"
+  # QSGD-MaxNorm at 4 bits is too noisy for error feedback: unbiased, without it.
+  "qsgd-4bit|--compressor qsgd --bits 4 --ef off"
+  "qsgd-ms|--compressor qsgd-ms"
+  "intsgd|--compressor intsgd"
+  # Random-k with error feedback diverges under momentum 0.9 (a coordinate
+  # waits d/k steps, then lands with its whole backlog): plain SGD for it.
+  "randk-50k-sgd|--compressor randk --k 50000 --bits 10 --momentum 0"
 )
 
 if [ "$(id -u)" -ne 0 ]; then

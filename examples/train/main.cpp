@@ -1,8 +1,8 @@
 // train: data-parallel training of an MLP on Fashion-MNIST through a
 // gradcomp compressor, reporting time-to-accuracy.
 //
-//   train [--compressor fp32|fp16|bf16|topk|topkc|powersgd|thc] [--ratio 0.01] [--chunk 256] [--rank 4]
-//         [--bits 4] [--block 1024] [--ef on|off]
+//   train [--compressor fp32|fp16|bf16|topk|topkc|powersgd|thc|qsgd|qsgd-ms|randk|intsgd]
+//         [--ratio 0.01] [--chunk 256] [--rank 4] [--bits 4] [--block 1024] [--k 10000] [--ef on|off]
 //         [--backend local|mpi] [--ranks 4] [--batch 64] [--lr 0.05] [--momentum 0.9]
 //         [--epochs 3] [--time-budget S] [--target 0.85] [--stop-at-target] [--seed 1]
 //         [--hidden 512,256] [--eval-every 100] [--data DIR] [--out FILE.csv]
@@ -65,6 +65,8 @@ cli parse(int argc, char** argv) {
       c.o.bits = std::stoi(value());
     else if (flag == "--block")
       c.o.block = std::stoul(value());
+    else if (flag == "--k")
+      c.o.k = std::stoul(value());
     else if (flag == "--ef")
       c.o.error_feedback = value() != "off";
     else if (flag == "--backend")

@@ -31,6 +31,7 @@ struct options {
   std::size_t rank = 4;                          ///< powersgd: approximation rank.
   int bits = 4;                                  ///< thc: bits per level (uniform quantizer).
   std::size_t block = 1024;                      ///< thc: rotation block.
+  std::size_t k = 10000;                         ///< randk: coordinates sent per step.
   bool error_feedback = true;                    ///< Residual error feedback (none when false).
   int ranks = 4;                                 ///< In-process ranks (MPI: the world's size).
   std::size_t batch = 64;                        ///< Examples per rank per step.
@@ -98,8 +99,23 @@ auto with_compressor(options const& o, int ranks, Make&& make) {
     if (static_cast<std::uint64_t>(ranks) * bytes.top() <= 255) return make(bytes);
     return make(thc<std::int32_t>{.block = o.block, .bits = o.bits});
   }
+  if (o.compressor == "qsgd") {  // int8 lanes while n ranks' codes fit in them, else int32
+    qsgd_maxnorm<std::int8_t> const small{.bits = o.bits};
+    if (small.bits <= 7 && ranks * small.levels() <= 127) return make(small);
+    return make(qsgd_maxnorm<std::int32_t>{.bits = o.bits});
+  }
+  if (o.compressor == "qsgd-ms") return make(qsgd_multiscale{});
+  if (o.compressor == "randk") {  // int8 lanes while n ranks' codes fit in them, else int32
+    global_randk<std::int8_t> const small{.k = o.k, .bits = o.bits};
+    if (small.bits <= 7 && ranks * small.levels() <= 127) return make(small);
+    return make(global_randk<std::int32_t>{.k = o.k, .bits = o.bits});
+  }
+  if (o.compressor == "intsgd") {
+    if (ranks < 128) return make(intsgd<std::int8_t>{});
+    return make(intsgd<std::int32_t>{});
+  }
   throw std::invalid_argument("unknown compressor '" + o.compressor +
-                              "' (fp32, fp16, bf16, topk, topkc, powersgd, thc)");
+                              "' (fp32, fp16, bf16, topk, topkc, powersgd, thc, qsgd, qsgd-ms, randk, intsgd)");
 }
 
 /// A host reducer over `Collective`, timing its collectives.
