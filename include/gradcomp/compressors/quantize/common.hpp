@@ -107,12 +107,23 @@ struct bound_chunks {
     auto const bound = f.bind();
     for (std::size_t i = begin; i < end; ++i) bound.element(i);
   }
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const { f.bind().element(i); }
+};
+
+/// CUDA: one thread binds once for eight elements, `stride` apart, so that
+/// adjacent threads still touch adjacent elements (coalesced).
+template <class F>
+struct bound_groups {
+  F f;
+  std::size_t n, stride;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t k) const {
+    auto const bound = f.bind();
+    for (std::size_t i = k; i < n; i += stride) bound.element(i);
+  }
 };
 
 /// f.element(i) for every i in [0, n).
-template <class Space, class F>
-void for_each_bound(Space const& space, std::size_t n, F const& f) {
+template <class F>
+void for_each_bound(host_space const& space, std::size_t n, F const& f) {
   parallel_for_chunks(space, n, noise_chunk, bound_chunks<F>{f});
 }
 
@@ -120,6 +131,11 @@ void for_each_bound(Space const& space, std::size_t n, F const& f) {
 template <class F>
 void for_each_with_noise(cuda_space const& space, std::size_t n, random_stream noise, F const& f) {
   parallel_for(space, (n + 7) / 8, noise_groups<F>{f, noise, n});
+}
+template <class F>
+void for_each_bound(cuda_space const& space, std::size_t n, F const& f) {
+  std::size_t const threads = (n + 7) / 8;
+  parallel_for(space, threads, bound_groups<F>{f, n, threads});
 }
 #endif
 
