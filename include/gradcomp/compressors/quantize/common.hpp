@@ -9,10 +9,13 @@
 // vectorize; a CUDA thread binds once per call.
 #pragma once
 
+#include <gradcomp/collective.hpp>
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/squared_norms.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/execution.hpp>
 #include <gradcomp/random.hpp>
+#include <gradcomp/span.hpp>
 #include <gradcomp/types.hpp>
 
 #include <bit>
@@ -30,27 +33,23 @@ inline constexpr std::size_t norm_tile = 4096;
 /// Tiles of a bucket of n elements.
 constexpr std::size_t norm_tiles(std::size_t n) { return (n + norm_tile - 1) / norm_tile; }
 
-struct store_sum {  // a NaN or an overflow to infinity marks the segment bad
-  float* sums;
-  GRADCOMP_HOST_DEVICE bool operator()(std::size_t j, float sum) const {
-    sums[j] = sum;
-    return !(sum <= 3.40282347e38f);
-  }
-};
-struct read_sum {
-  float const* sums;
-  GRADCOMP_HOST_DEVICE float operator()(std::size_t j) const { return sums[j]; }
-};
-
-/// *total = Σ value(i)^2 over [0, n): per tile of norm_tile in the canonical
-/// lane order, then over the tiles, so no GPU warp walks more than a tile or
-/// the tile list. Bad (non-finite) tiles are counted into *counter.
+/// *total = Σ value(i)^2 over [0, n), in two levels (tiles of norm_tile,
+/// then all tiles as one group). Bad (non-finite) sums count into *counter.
 template <class Space, class Value>
 void bucket_sum_of_squares(Space const& space, std::size_t n, Value const& value, float* tiles, float* total,
                            std::uint64_t* counter) {
-  segment_sum_of_squares(space, n, norm_tile, value, store_sum{tiles}, counter);
-  std::size_t const count = norm_tiles(n);
-  segment_sum(space, count, count, read_sum{tiles}, store_sum{total}, counter);
+  grouped_sum_of_squares(space, n, norm_tile, norm_tiles(n), value, tiles, total, counter);
+}
+
+/// The norm round of the QSGD family: ||value||^2 over [0, n) (bad values
+/// counted into counters[0], which the caller zeroed), every rank checks that
+/// no rank saw a bad value, then all take the largest squared norm.
+template <class Context, class Value>
+void agree_largest_squared_norm(Context& ctx, std::size_t n, Value const& value, float* tiles,
+                                span<float, typename Context::memory> squared_norm, std::uint64_t* counters) {
+  bucket_sum_of_squares(ctx.space(), n, value, tiles, squared_norm.data(), counters);
+  ctx.agree_all_finite(counters, "NaN, infinite, or so large that the squared norm overflows");
+  ctx.all_reduce(squared_norm, reduce_op::max);
 }
 
 /// Host: f.element(i, u) over a chunk, its Philox calls first in one loop.

@@ -46,12 +46,11 @@
 namespace gradcomp {
 namespace detail {
 
-template <class EF>
-struct accumulated {  // acc = g + e
-  float const* gradient;
-  EF ef;
-  GRADCOMP_HOST_DEVICE float operator()(std::size_t i) const { return ef.accumulate(i, gradient[i]); }
-};
+/// x clamped to [-limit, limit] (single-step selects).
+GRADCOMP_HOST_DEVICE float clamp_symmetric(float x, float limit) {
+  x = x < -limit ? -limit : x;
+  return x > limit ? limit : x;
+}
 
 /// The scales of one step, from the agreed squared norm: x = acc x scale is
 /// the code before rounding, code x unit this rank's own decode, and
@@ -62,13 +61,13 @@ struct qsgd_scale {
     float const norm = sqrtf(squared_norm);
     return {norm > 0.0f ? levels / norm : 0.0f, norm / levels, norm / (levels * ranks)};
   }
+  /// acc's code: acc x scale clamped to +-limit, rounded at random with u.
+  GRADCOMP_HOST_DEVICE std::int32_t code(float acc, float u, float limit) const {
+    return signed_stochastic_round(clamp_symmetric(acc * scale, limit), u);
+  }
+  /// What is left of acc once `code` is sent.
+  GRADCOMP_HOST_DEVICE float residual(float acc, std::int32_t code) const { return minus_product(acc, code, unit); }
 };
-
-/// x clamped to [-limit, limit] (single-step selects).
-GRADCOMP_HOST_DEVICE float clamp_symmetric(float x, float limit) {
-  x = x < -limit ? -limit : x;
-  return x > limit ? limit : x;
-}
 
 template <class Lane, class EF>
 struct qsgd_encode {
@@ -85,9 +84,8 @@ struct qsgd_encode {
   }
   GRADCOMP_HOST_DEVICE void element(std::size_t i, float u) const {
     float const acc = ef.accumulate(i, gradient[i]);
-    // |acc| <= norm, but a rounded norm can fall a hair short: clamp at s.
-    std::int32_t const code = signed_stochastic_round(clamp_symmetric(acc * k.scale, levels), u);
-    ef.update(i, minus_product(acc, code, k.unit), mean_codec<float>::fits(acc));
+    std::int32_t const code = k.code(acc, u, levels);  // |acc| <= norm, but a rounded norm can fall a hair short
+    ef.update(i, k.residual(acc, code), mean_codec<float>::fits(acc));
     codes[i] = static_cast<Lane>(code);
   }
 };
@@ -170,8 +168,8 @@ struct multiscale_encode {
   GRADCOMP_HOST_DEVICE void element(std::size_t i, float u) const {
     float const acc = ef.accumulate(i, gradient[i]);
     qsgd_scale const k = m.at(index[i]);
-    std::int32_t const code = signed_stochastic_round(clamp_symmetric(acc * k.scale, m.share), u);
-    ef.update(i, minus_product(acc, code, k.unit), mean_codec<float>::fits(acc));
+    std::int32_t const code = k.code(acc, u, m.share);
+    ef.update(i, k.residual(acc, code), mean_codec<float>::fits(acc));
     codes[i] = static_cast<std::int8_t>(code);
   }
 };
@@ -268,9 +266,9 @@ struct randk_encode {  // values: acc in, acc - own decode out
   }
   GRADCOMP_HOST_DEVICE void element(std::size_t j, float u) const {
     float const acc = values[j];
-    std::int32_t const code = signed_stochastic_round(clamp_symmetric(acc * k.scale, levels), u);
+    std::int32_t const code = k.code(acc, u, levels);
     codes[j] = static_cast<Lane>(code);
-    values[j] = minus_product(acc, code, k.unit);
+    values[j] = k.residual(acc, code);
   }
 };
 
@@ -387,10 +385,8 @@ struct qsgd_maxnorm {
     float const s = static_cast<float>(levels());
 
     space.fill_zero(ws.counters.data(), ws.counters.size_bytes());
-    detail::bucket_sum_of_squares(space, d, detail::accumulated<EF>{gradient.data(), ef}, ws.tiles.data(),
-                                  ws.squared_norm.data(), ws.counters.data());
-    ctx.agree_all_finite(ws.counters.data(), "NaN, infinite, or so large that the squared norm overflows");
-    ctx.all_reduce(ws.squared_norm, reduce_op::max);
+    detail::agree_largest_squared_norm(ctx, d, detail::accumulated<EF>{gradient.data(), ef}, ws.tiles.data(),
+                                       ws.squared_norm, ws.counters.data());
     random_stream const mine(seed, static_cast<std::uint32_t>(ctx.step()), static_cast<std::uint32_t>(ctx.rank()));
     detail::for_each_with_noise(space, d, mine,
                                 detail::qsgd_encode<Lane, EF>{gradient.data(), ef, ws.codes.data(),
@@ -492,10 +488,8 @@ struct qsgd_multiscale {
     detail::multiscale_scales const m = scales_for(ctx.ranks());
 
     space.fill_zero(ws.counters.data(), ws.counters.size_bytes());
-    detail::bucket_sum_of_squares(space, d, detail::accumulated<EF>{gradient.data(), ef}, ws.tiles.data(),
-                                  ws.squared_norm.data(), ws.counters.data());
-    ctx.agree_all_finite(ws.counters.data(), "NaN, infinite, or so large that the squared norm overflows");
-    ctx.all_reduce(ws.squared_norm, reduce_op::max);
+    detail::agree_largest_squared_norm(ctx, d, detail::accumulated<EF>{gradient.data(), ef}, ws.tiles.data(),
+                                       ws.squared_norm, ws.counters.data());
     detail::for_each_bound(space, d,
                            detail::multiscale_propose<EF>{gradient.data(), ef, ws.index.data(),
                                                           ws.squared_norm.data(), m});
@@ -601,10 +595,8 @@ struct global_randk {
     parallel_for(space, k,
                  detail::randk_gather<EF>{coordinates(d, ctx.step()), gradient.data(), ef, ws.indices.data(),
                                           ws.values.data()});
-    detail::bucket_sum_of_squares(space, k, detail::read_sum{ws.values.data()}, ws.tiles.data(),
-                                  ws.squared_norm.data(), ws.counters.data());
-    ctx.agree_all_finite(ws.counters.data(), "NaN, infinite, or so large that the squared norm overflows");
-    ctx.all_reduce(ws.squared_norm, reduce_op::max);
+    detail::agree_largest_squared_norm(ctx, k, detail::read_sum{ws.values.data()}, ws.tiles.data(), ws.squared_norm,
+                                       ws.counters.data());
     random_stream const mine(seed ^ 0x9e3779b97f4a7c15ull, static_cast<std::uint32_t>(ctx.step()),
                              static_cast<std::uint32_t>(ctx.rank()));
     detail::for_each_with_noise(space, k, mine,

@@ -28,6 +28,7 @@
 #include <gradcomp/compressors/thc/math.hpp>
 #include <gradcomp/detail/hash.hpp>
 #include <gradcomp/detail/mean_codec.hpp>
+#include <gradcomp/detail/squared_norms.hpp>
 
 #include <bit>
 #include <cmath>
@@ -83,26 +84,6 @@ struct thc_block_params {
     std::size_t const padded = (n + block - 1) / block * block;
     std::size_t const coords = (g + 1) * group <= padded ? group : padded - g * group;
     return sqrtf(norms[g]) / sqrtf(static_cast<float>(coords)) * rotation;
-  }
-};
-
-// The squared norms: of each block (the sum of squares of acc), then of each
-// group (the sum of its blocks'), with the functors of segment_sum[_of_squares].
-template <class EF>
-struct thc_acc {
-  float const* gradient;
-  EF ef;
-  GRADCOMP_HOST_DEVICE float operator()(std::size_t i) const { return ef.accumulate(i, gradient[i]); }
-};
-struct thc_read {
-  float const* values;
-  GRADCOMP_HOST_DEVICE float operator()(std::size_t i) const { return values[i]; }
-};
-struct thc_store_norm {  // a NaN or an overflow to infinity marks the segment bad
-  float* norms;
-  GRADCOMP_HOST_DEVICE bool operator()(std::size_t j, float sum) const {
-    norms[j] = sum;
-    return !(sum <= 3.40282347e38f);
   }
 };
 
@@ -420,10 +401,9 @@ struct thc {
     std::size_t const d = gradient.size(), blocks = ws.levels.size() / block;
 
     space.fill_zero(ws.counters.data(), ws.counters.size_bytes());
-    segment_sum_of_squares(space, d, block, detail::thc_acc<EF>{gradient.data(), ctx.error_feedback()},
-                           detail::thc_store_norm{ws.block_norms.data()}, ws.counters.data());
-    segment_sum(space, blocks, group / block, detail::thc_read{ws.block_norms.data()},
-                detail::thc_store_norm{ws.norms.data()}, ws.counters.data());
+    detail::grouped_sum_of_squares(space, d, block, group / block,
+                                   detail::accumulated<EF>{gradient.data(), ctx.error_feedback()},
+                                   ws.block_norms.data(), ws.norms.data(), ws.counters.data());
     ctx.agree_all_finite(ws.counters.data(), "NaN, infinite, or so large that a group's squared norm overflows");
     ctx.all_reduce(ws.norms, reduce_op::max);
 

@@ -29,6 +29,7 @@
 #include <gradcomp/compressors/topk/select.hpp>
 #include <gradcomp/detail/hash.hpp>
 #include <gradcomp/detail/mean_codec.hpp>
+#include <gradcomp/detail/squared_norms.hpp>
 #include <gradcomp/types.hpp>
 
 #include <bit>
@@ -43,14 +44,7 @@ namespace detail {
 
 inline constexpr std::uint32_t not_selected = 0xffffffffu;
 
-// Score pass: acc of element i, and chunk j's summed square into the scores.
-template <class EF>
-struct topkc_acc {
-  float const* gradient;
-  EF ef;
-  GRADCOMP_HOST_DEVICE float operator()(std::size_t i) const { return ef.accumulate(i, gradient[i]); }
-};
-
+// Score pass: chunk j's summed square (of detail::accumulated) into the scores.
 template <class Score>
 struct topkc_store_score {
   Score* scores;
@@ -256,7 +250,7 @@ struct topk_chunked {
     float const ranks = static_cast<float>(ctx.ranks());
 
     space.fill_zero(ws.counters.data(), ws.counters.size_bytes());
-    segment_sum_of_squares(space, d, chunk_size, detail::topkc_acc<EF>{gradient.data(), ctx.error_feedback()},
+    segment_sum_of_squares(space, d, chunk_size, detail::accumulated<EF>{gradient.data(), ctx.error_feedback()},
                            detail::topkc_store_score<Score>{ws.scores.data()}, ws.counters.data());
     ctx.agree_all_finite(ws.counters.data(), "NaN, infinite, or so large that a chunk's squared norm overflows");
     ctx.all_reduce(ws.scores, reduce_op::sum);
