@@ -6,6 +6,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -93,5 +95,79 @@ bool same_as_rank0(Collective& comm, std::vector<T> const& mine) {
 
 /// True when a and b hold the same bits (so NaN == NaN, +0 != -0).
 inline bool same_bits(float a, float b) { return detail::float_bits(a) == detail::float_bits(b); }
+
+/// The mean output of `steps` runs of compressor c (no error feedback) on
+/// the same input x, one rank: each step draws new rounding noise.
+template <class Space, class C>
+std::vector<double> average_output(Space const& space, local_group::communicator& comm, C const& c,
+                                   std::vector<float> const& x, int steps) {
+  allreducer<C, error_feedback::none, local_group::communicator, allreduce_aggregator, Space> reduce(
+      c, comm, bucket_layout(x.size()), space);
+  std::vector<double> sum(x.size(), 0.0);
+  for (int s = 0; s < steps; ++s) {
+    auto g = upload(space, x);
+    reduce(g.view());
+    auto const out = download(space, g.data(), x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) sum[i] += out[i];
+  }
+  for (auto& v : sum) v /= steps;
+  return sum;
+}
+
+/// Root mean square of a - x.
+inline double rms_distance(std::vector<double> const& a, std::vector<float> const& x) {
+  double e = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) e += (a[i] - x[i]) * (a[i] - x[i]);
+  return std::sqrt(e / x.size());
+}
+
+/// How far `out` lies from the mean over ranks of every rank's `own` (what
+/// it sent, decoded): the largest gap, and the largest |mean| to scale it by.
+struct gap_to_mean {
+  double worst = 0, scale = 0;
+};
+template <class Collective>
+gap_to_mean gap_to_mean_of_own(Collective& comm, std::vector<float> const& own, std::vector<float> const& out) {
+  std::size_t const d = own.size();
+  int const n = comm.size();
+  std::vector<float> all(d * n);
+  comm.all_gather(own.data(), all.data(), d);
+  gap_to_mean gap;
+  for (std::size_t i = 0; i < d; ++i) {
+    double mean = 0;
+    for (int r = 0; r < n; ++r) mean += all[r * d + i];
+    mean /= n;
+    gap.worst = std::max(gap.worst, std::fabs(out[i] - mean));
+    gap.scale = std::max(gap.scale, std::fabs(mean));
+  }
+  return gap;
+}
+
+/// Runs compressor c with error feedback for `steps` steps on one rank, the
+/// input of step s drawn from seed + s; after each step appends to `drift`
+/// the distance between the running sums of inputs and of outputs. Returns
+/// the last output.
+template <class Space, class C>
+std::vector<float> run_with_feedback(Space const& space, local_group::communicator& comm, C const& c,
+                                     std::uint64_t seed, std::size_t d, int steps, std::vector<double>& drift) {
+  allreducer<C, error_feedback::residual, local_group::communicator, allreduce_aggregator, Space> reduce(
+      c, comm, bucket_layout(d), space);
+  std::vector<double> in(d, 0.0), out(d, 0.0);
+  std::vector<float> last;
+  for (int s = 0; s < steps; ++s) {
+    auto const x = random_gradient(seed + s, 0, d);
+    auto g = upload(space, x);
+    reduce(g.view());
+    last = download(space, g.data(), d);
+    double diff = 0;
+    for (std::size_t i = 0; i < d; ++i) {
+      in[i] += x[i];
+      out[i] += last[i];
+      diff += (in[i] - out[i]) * (in[i] - out[i]);
+    }
+    drift.push_back(std::sqrt(diff));
+  }
+  return last;
+}
 
 }  // namespace gradcomp::testing

@@ -11,30 +11,6 @@
 
 namespace gradcomp::testing {
 
-/// The mean output of `steps` runs of compressor c (no error feedback) on
-/// the same input x: each step draws new rounding noise.
-template <class Space, class C>
-std::vector<double> average_output(Space const& space, local_group::communicator& comm, C const& c,
-                                   std::vector<float> const& x, int steps) {
-  allreducer<C, error_feedback::none, local_group::communicator, allreduce_aggregator, Space> reduce(
-      c, comm, bucket_layout(x.size()), space);
-  std::vector<double> sum(x.size(), 0.0);
-  for (int s = 0; s < steps; ++s) {
-    auto g = upload(space, x);
-    reduce(g.view());
-    auto const out = download(space, g.data(), x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) sum[i] += out[i];
-  }
-  for (auto& v : sum) v /= steps;
-  return sum;
-}
-
-inline double rms_distance(std::vector<double> const& a, std::vector<float> const& x) {
-  double e = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) e += (a[i] - x[i]) * (a[i] - x[i]);
-  return std::sqrt(e / x.size());
-}
-
 /// The workspace of a reducer as its compressor carves it.
 template <class Reducer>
 auto carved(Reducer const& reducer, int ranks) {
@@ -95,7 +71,6 @@ TEST_CASE_TEMPLATE_DEFINE("integer quantizers sum homomorphically", Setup, quant
     auto const space = Setup::make_space();
     std::uint64_t const seed = shared_seed(comm);
     std::size_t const d = 3 * 4096 + 77;
-    int const n = comm.size();
     for_each_quantizer([&](auto c) {
       allreducer<decltype(c), error_feedback::residual, collective_t, allreduce_aggregator, typename Setup::space>
           reduce(c, comm, bucket_layout(d), space);
@@ -108,19 +83,10 @@ TEST_CASE_TEMPLATE_DEFINE("integer quantizers sum homomorphically", Setup, quant
         auto const residual = download(space, reduce.residual().data(), d);
         std::vector<float> own(d);  // what this rank itself sent, decoded
         for (std::size_t i = 0; i < d; ++i) own[i] = (mine[i] + before[i]) - residual[i];
-        std::vector<float> all(d * n);
-        comm.all_gather(own.data(), all.data(), d);
-        double worst = 0, scale = 0;
-        for (std::size_t i = 0; i < d; ++i) {
-          double mean = 0;
-          for (int r = 0; r < n; ++r) mean += all[r * d + i];
-          mean /= n;
-          worst = std::max(worst, std::fabs(out[i] - mean));
-          scale = std::max(scale, std::fabs(mean));
-        }
+        gap_to_mean const gap = gap_to_mean_of_own(comm, own, out);
         INFO(c.name << ", step " << step);
-        CHECK(scale > 0);
-        CHECK(worst < 1e-5 * scale);
+        CHECK(gap.scale > 0);
+        CHECK(gap.worst < 1e-5 * gap.scale);
         CHECK(same_as_rank0(comm, out));
       }
     });
@@ -196,29 +162,9 @@ TEST_CASE_TEMPLATE_DEFINE("integer quantizers are deterministic and stay on trac
     std::uint64_t const seed = shared_seed(comm);
     std::size_t const d = 4096;
     auto check = [&](auto c) {
-      auto run = [&](int steps, std::vector<double>& drift) {
-        allreducer<decltype(c), error_feedback::residual, local_group::communicator, allreduce_aggregator, Space>
-            reduce(c, comm, bucket_layout(d), space);
-        std::vector<double> in(d, 0.0), out(d, 0.0);
-        std::vector<float> last;
-        for (int s = 0; s < steps; ++s) {
-          auto const x = random_gradient(seed + s, 0, d);
-          auto g = upload(space, x);
-          reduce(g.view());
-          last = download(space, g.data(), d);
-          double diff = 0;
-          for (std::size_t i = 0; i < d; ++i) {
-            in[i] += x[i];
-            out[i] += last[i];
-            diff += (in[i] - out[i]) * (in[i] - out[i]);
-          }
-          drift.push_back(std::sqrt(diff));
-        }
-        return last;
-      };
       std::vector<double> drift, again;
-      auto const first = run(60, drift);
-      auto const second = run(60, again);
+      auto const first = run_with_feedback(space, comm, c, seed, d, 60, drift);
+      auto const second = run_with_feedback(space, comm, c, seed, d, 60, again);
       INFO(c.name);
       CHECK(std::memcmp(first.data(), second.data(), d * sizeof(float)) == 0);
       double const early = *std::max_element(drift.begin(), drift.begin() + 20);

@@ -6,33 +6,6 @@
 #include <cmath>
 #include <limits>
 
-namespace gradcomp::testing {
-
-/// Runs THC `steps` times on one rank and returns the mean of the outputs.
-template <class Space, class Lane>
-std::vector<double> thc_average(Space const& space, local_group::communicator& comm, thc<Lane> const& c,
-                                std::vector<float> const& x, int steps) {
-  allreducer<thc<Lane>, error_feedback::none, local_group::communicator, allreduce_aggregator, Space> reduce(
-      c, comm, bucket_layout(x.size()), space);
-  std::vector<double> sum(x.size(), 0.0);
-  for (int s = 0; s < steps; ++s) {
-    auto g = upload(space, x);
-    reduce(g.view());  // each step draws new rounding noise
-    auto const out = download(space, g.data(), x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) sum[i] += out[i];
-  }
-  for (auto& v : sum) v /= steps;
-  return sum;
-}
-
-inline double rms_error(std::vector<double> const& a, std::vector<float> const& x) {
-  double e = 0;
-  for (std::size_t i = 0; i < x.size(); ++i) e += (a[i] - x[i]) * (a[i] - x[i]);
-  return std::sqrt(e / x.size());
-}
-
-}  // namespace gradcomp::testing
-
 // With the clamp out of reach (T = 8), stochastic rounding is unbiased: the
 // mean of many independent quantizations converges to the input, its error
 // shrinking like 1 / sqrt(trials). For the uniform and the table quantizer.
@@ -44,8 +17,8 @@ TEST_CASE_TEMPLATE_DEFINE("THC quantization is unbiased", Space, thc_unbiased) {
     auto const x = random_gradient(shared_seed(comm), 0, 4096 + 100);
     for (auto quantizer : {thc_quantizer::uniform, thc_quantizer::table}) {
       thc<> const c{.block = 256, .quantizer = quantizer, .bits = 3, .clamp = 8.0f};
-      double const few = rms_error(thc_average(space, comm, c, x, 16), x);
-      double const many = rms_error(thc_average(space, comm, c, x, 256), x);
+      double const few = rms_distance(average_output(space, comm, c, x, 16), x);
+      double const many = rms_distance(average_output(space, comm, c, x, 256), x);
       INFO("quantizer " << static_cast<int>(quantizer) << ": error " << few << " after 16, " << many << " after 256");
       CHECK(many < 0.35 * few);  // 1 / sqrt(16) = 0.25, with room for noise
       CHECK(many > 0.15 * few);  // and not exact: it really is random
@@ -65,7 +38,6 @@ TEST_CASE_TEMPLATE_DEFINE("THC sums lane values homomorphically", Setup, thc_hom
     auto const space = Setup::make_space();
     std::uint64_t const seed = shared_seed(comm);
     std::size_t const d = 3 * 1024 + 77;
-    int const n = comm.size();
     for (auto c : {thc<>{.block = 1024}, thc<>{.block = 512, .stages = 4, .group = 2048},
                    thc<>{.block = 256, .quantizer = thc_quantizer::table}}) {
       allreducer<thc<>, error_feedback::residual, collective_t, allreduce_aggregator, typename Setup::space> reduce(
@@ -77,17 +49,8 @@ TEST_CASE_TEMPLATE_DEFINE("THC sums lane values homomorphically", Setup, thc_hom
       auto const residual = download(space, reduce.residual().data(), d);
       std::vector<float> own(d);  // what this rank itself sent, decoded
       for (std::size_t i = 0; i < d; ++i) own[i] = (mine[i] + 0.0f) - residual[i];
-      std::vector<float> all(d * n);
-      comm.all_gather(own.data(), all.data(), d);
-      double worst = 0, scale = 0;
-      for (std::size_t i = 0; i < d; ++i) {
-        double mean = 0;
-        for (int r = 0; r < n; ++r) mean += all[r * d + i];
-        mean /= n;
-        worst = std::max(worst, std::fabs(out[i] - mean));
-        scale = std::max(scale, std::fabs(mean));
-      }
-      CHECK(worst < 1e-5 * scale);
+      gap_to_mean const gap = gap_to_mean_of_own(comm, own, out);
+      CHECK(gap.worst < 1e-5 * gap.scale);
       CHECK(same_as_rank0(comm, out));
     }
 
@@ -112,29 +75,9 @@ TEST_CASE_TEMPLATE_DEFINE("THC is deterministic, and error feedback keeps it on 
     std::uint64_t const seed = shared_seed(comm);
     std::size_t const d = 2048;
     thc<> const c{.block = 256, .bits = 2};
-    auto run = [&](int steps, std::vector<double>& drift) {
-      allreducer<thc<>, error_feedback::residual, local_group::communicator, allreduce_aggregator, Space> reduce(
-          c, comm, bucket_layout(d), space);
-      std::vector<double> in(d, 0.0), out(d, 0.0);
-      std::vector<float> last;
-      for (int s = 0; s < steps; ++s) {
-        auto const x = random_gradient(seed + s, 0, d);
-        auto g = upload(space, x);
-        reduce(g.view());
-        last = download(space, g.data(), d);
-        double diff = 0;
-        for (std::size_t i = 0; i < d; ++i) {
-          in[i] += x[i];
-          out[i] += last[i];
-          diff += (in[i] - out[i]) * (in[i] - out[i]);
-        }
-        drift.push_back(std::sqrt(diff));
-      }
-      return last;
-    };
     std::vector<double> drift, again;
-    auto const first = run(60, drift);
-    auto const second = run(60, again);
+    auto const first = run_with_feedback(space, comm, c, seed, d, 60, drift);
+    auto const second = run_with_feedback(space, comm, c, seed, d, 60, again);
     CHECK(std::memcmp(first.data(), second.data(), d * sizeof(float)) == 0);
     // Bounded: the drift late in the run is no larger than early on (it would
     // grow like sqrt(steps) or worse without error feedback).
