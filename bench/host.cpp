@@ -6,7 +6,6 @@
 
 #include "common/rows.hpp"
 
-#include <gradcomp/compressors/powersgd.hpp>
 #include <gradcomp/gradcomp.hpp>
 
 #include <cmath>

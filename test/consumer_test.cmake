@@ -17,3 +17,14 @@ run_step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/find_package -B ${WORK_DIR}/
          "-DGRADCOMP_COMPONENTS=${COMPONENTS}")
 run_step(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run_step(${WORK_DIR}/build/consumer)
+
+# A CPU-only consumer of the same installation, on a machine without the CUDA
+# toolkit: asking for no component (or only mpi) must neither look for it
+# nor fail without it.
+set(cpu_components ${COMPONENTS})
+list(REMOVE_ITEM cpu_components cuda nccl)
+run_step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/examples/find_package -B ${WORK_DIR}/build-cpu -G ${GENERATOR}
+         -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release -DCMAKE_DISABLE_FIND_PACKAGE_CUDAToolkit=ON
+         -DCMAKE_DISABLE_FIND_PACKAGE_NCCL=ON "-DGRADCOMP_COMPONENTS=${cpu_components}")
+run_step(${CMAKE_COMMAND} --build ${WORK_DIR}/build-cpu)
+run_step(${WORK_DIR}/build-cpu/consumer)

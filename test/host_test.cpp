@@ -14,7 +14,6 @@ TEST_CASE_TEMPLATE_INVOKE(config_mismatch, host_local);
 TEST_CASE_TEMPLATE_INVOKE(lengths, host_local);
 TEST_CASE_TEMPLATE_INVOKE(wire_bytes, host_local);
 
-TEST_CASE_TEMPLATE_INVOKE(select_matches, gradcomp::host_space);
 TEST_CASE_TEMPLATE_INVOKE(topkc_mean, host_local);
 TEST_CASE_TEMPLATE_INVOKE(topk_mean, host_local);
 TEST_CASE_TEMPLATE_INVOKE(sparse_conserves, gradcomp::host_space);

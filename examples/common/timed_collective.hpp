@@ -5,7 +5,7 @@
 // split a step into compute, compression and communication.
 #pragma once
 
-#include <gradcomp/collective.hpp>
+#include <gradcomp/collectives/collective.hpp>
 
 #include <chrono>
 #include <cstddef>

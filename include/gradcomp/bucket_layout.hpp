@@ -1,6 +1,7 @@
 // Several tensors packed in one flat gradient buffer.
 #pragma once
 
+#include <gradcomp/detail/checked.hpp>
 #include <gradcomp/detail/hash.hpp>
 #include <gradcomp/error.hpp>
 
@@ -10,19 +11,16 @@
 #include <string>
 #include <vector>
 
-namespace gradcomp {
+namespace gradcomp::inline GRADCOMP_ABI {
 
 /// One tensor of a bucket: where it starts in the flat buffer and its shape.
 struct tensor_info {
   std::size_t offset = 0;          ///< First element in the flat buffer.
   std::vector<std::size_t> shape;  ///< Extents, outermost first; empty for a scalar.
+  std::size_t elements = 1;        ///< Number of elements (1 for a scalar), checked against overflow.
 
   /// Number of elements (1 for a scalar).
-  std::size_t numel() const {
-    std::size_t n = 1;
-    for (std::size_t extent : shape) n *= extent;
-    return n;
-  }
+  std::size_t numel() const { return elements; }
   /// Rows of the matrix view `shape[0] x rest` that low-rank compressors use
   /// (PyTorch's `tensor.view(shape[0], -1)`); 1 for scalars.
   std::size_t rows() const { return shape.empty() ? 1 : shape.front(); }
@@ -36,6 +34,7 @@ struct tensor_info {
 ///
 /// Flat compressors only need size(); shape-aware ones (PowerSGD) walk
 /// tensors(). Every rank must build the same layout; the allreducer checks.
+/// Sizes that do not fit a 64-bit count are rejected (invalid_argument).
 class bucket_layout {
  public:
   /// An empty bucket.
@@ -51,9 +50,13 @@ class bucket_layout {
 
   /// Appends a tensor of `shape` right after the last one; returns *this.
   bucket_layout& add(std::vector<std::size_t> shape) {
-    tensor_info info{size_, std::move(shape)};
-    size_ += info.numel();
-    tensors_.push_back(std::move(info));
+    std::size_t elements = 1;
+    for (std::size_t extent : shape) elements = detail::checked_mul(elements, extent, "bucket_layout: a tensor's size");
+    std::size_t const size = detail::checked_add(size_, elements, "bucket_layout: the bucket's size");
+    GRADCOMP_EXPECTS(size <= detail::max_elements<float>,
+                     "bucket_layout: " + std::to_string(size) + " elements exceed what a buffer can address");
+    tensors_.push_back(tensor_info{size_, std::move(shape), elements});
+    size_ = size;
     return *this;
   }
 

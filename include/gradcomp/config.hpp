@@ -1,8 +1,8 @@
-// Build configuration shared by every gradcomp header.
+// Build configuration shared by every gradcomp header: host/device markers,
+// what this translation unit was compiled with, and the ABI namespace.
 #pragma once
 
-/// gradcomp's version, as MAJOR * 10000 + MINOR * 100 + PATCH.
-#define GRADCOMP_VERSION 100
+#include <gradcomp/version.hpp>
 
 /// Marks a function usable from host and device code. Under a plain C++
 /// compiler it is an ordinary inline function, so the math headers compile
@@ -16,8 +16,7 @@
 /// 1 when this program uses the CUDA runtime: under nvcc, or when the build
 /// defines GRADCOMP_WITH_CUDA (the CMake targets gradcomp::cuda and
 /// gradcomp::nccl do, for every language). It declares the CUDA execution
-/// space and lets the in-process collective stage device buffers; kernels
-/// still need nvcc. Programs that mix .cpp and .cu files should link
+/// space; kernels still need nvcc. Programs that mix .cpp and .cu files link
 /// gradcomp::cuda so that all their translation units agree.
 #if defined(__CUDACC__) || defined(GRADCOMP_WITH_CUDA)
 #define GRADCOMP_HAS_CUDA 1
@@ -33,7 +32,7 @@
 #define GRADCOMP_HAS_OPENMP 0
 #endif
 
-/// Pragmas for the host loops; empty without OpenMP so g++ stays quiet.
+/// Pragmas for the host loops; empty without OpenMP so compilers stay quiet.
 #define GRADCOMP_PRAGMA(x) _Pragma(#x)
 #if GRADCOMP_HAS_OPENMP
 #define GRADCOMP_OMP(x) GRADCOMP_PRAGMA(omp x)
@@ -41,9 +40,36 @@
 #define GRADCOMP_OMP(x)
 #endif
 
-namespace gradcomp::detail {
+// The ABI namespace. Everything gradcomp declares lives in an inline
+// namespace named after the version and the configuration (CUDA on or off,
+// OpenMP on or off). Code says gradcomp::foo as usual, but translation units
+// compiled differently see different entities: passing a gradcomp type
+// between them fails to link instead of silently breaking the one-definition
+// rule (a host_space that runs OpenMP loops in one file and serial ones in
+// another, say).
+#define GRADCOMP_ABI_JOIN_(version, cuda, omp) abi_##version##_##cuda##_##omp
+#define GRADCOMP_ABI_JOIN(version, cuda, omp) GRADCOMP_ABI_JOIN_(version, cuda, omp)
+#if GRADCOMP_HAS_CUDA
+#define GRADCOMP_ABI_CUDA cuda
+#else
+#define GRADCOMP_ABI_CUDA nocuda
+#endif
+#if GRADCOMP_HAS_OPENMP
+#define GRADCOMP_ABI_OPENMP omp
+#else
+#define GRADCOMP_ABI_OPENMP noomp
+#endif
+/// The inline namespace's name, e.g. abi_v0_2_0_cuda_omp.
+#define GRADCOMP_ABI GRADCOMP_ABI_JOIN(GRADCOMP_VERSION_TAG, GRADCOMP_ABI_CUDA, GRADCOMP_ABI_OPENMP)
+
+namespace gradcomp::inline GRADCOMP_ABI::detail {
 /// False, but only once T is known: for static_asserts in primary templates
 /// that must fire only when instantiated.
 template <class... T>
 inline constexpr bool always_false = false;
+
+/// The key of the CUDA kernels' specializations: primary templates that
+/// dispatch to them are looked up where a loop is used, and
+/// <gradcomp/cuda.cuh> provides the specializations for this tag.
+struct cuda_kernels_tag;
 }  // namespace gradcomp::detail

@@ -7,8 +7,14 @@
 #error "<gradcomp/cuda.cuh> holds CUDA kernels: include it from a .cu file compiled by nvcc"
 #endif
 
+#include <gradcomp/gradcomp.hpp>
+
+// The algorithms' kernels
+#include <gradcomp/algorithm/segmented_reduce.cuh>
+#include <gradcomp/algorithm/top_k.cuh>
+#include <gradcomp/algorithm/transform.cuh>
+#include <gradcomp/execution/cuda_kernels.cuh>
+
+// Compressors with kernels of their own
 #include <gradcomp/compressors/powersgd/powersgd.cuh>
 #include <gradcomp/compressors/thc/thc.cuh>
-#include <gradcomp/compressors/topk/select.cuh>
-#include <gradcomp/execution/cuda_kernels.cuh>
-#include <gradcomp/gradcomp.hpp>

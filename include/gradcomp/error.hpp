@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace gradcomp {
+namespace gradcomp::inline GRADCOMP_ABI {
 
 /// Base of every exception gradcomp throws.
 class error : public std::runtime_error {
@@ -21,9 +21,10 @@ class invalid_argument : public error {
   using error::error;
 };
 
-/// A gradient held NaN or infinity, or a value too large for the wire lane.
-/// Thrown on every rank together; the error-feedback state is left as it was
-/// before the step.
+/// A gradient held NaN or infinity, or a value too large for the wire lane,
+/// on some rank. Thrown on every rank together (on the CUDA space at the next
+/// call or synchronize()); the gradient and every piece of state are left as
+/// they were before that step.
 class nonfinite_error : public error {
  public:
   using error::error;
@@ -45,7 +46,7 @@ class cuda_error : public error {
 }  // namespace gradcomp
 
 /// Throws gradcomp::invalid_argument with `message` (anything convertible to
-/// std::string) when `condition` is false.
+/// std::string) when `condition` is false. The message is only built then.
 #define GRADCOMP_EXPECTS(condition, message)                                    \
   do {                                                                          \
     if (!(condition)) throw ::gradcomp::invalid_argument(std::string(message)); \

@@ -1,8 +1,10 @@
-// Execution spaces: where a compressor's element loops run and where its
-// buffers live. The same functor runs under the host space's (OpenMP) loop
-// and as the CUDA space's grid-stride kernel, so the math is written once.
+// Execution spaces: where a compressor's loops run and where its buffers
+// live. The same functor runs under the host space's (OpenMP) loop and in the
+// CUDA space's kernels, so the math is written once. The algorithms built on
+// them (transform, segmented_reduce, top_k) are in <gradcomp/algorithm/...>.
 #pragma once
 
+#include <gradcomp/detail/checked.hpp>
 #include <gradcomp/execution/host.hpp>
 #if GRADCOMP_HAS_CUDA
 #include <gradcomp/execution/cuda.hpp>
@@ -12,11 +14,11 @@
 #include <cstddef>
 #include <utility>
 
-namespace gradcomp {
+namespace gradcomp::inline GRADCOMP_ABI {
 
 /// A place to run element loops and keep buffers: host_space or cuda_space.
 /// It allocates, copies, zeroes and moves data to and from the host; the
-/// loops themselves are the free functions parallel_for / parallel_count.
+/// loops themselves are free functions (parallel_for, transform, ...).
 template <class S>
 concept execution_space = std::copyable<S> && requires(S const& s, void* p, void const* q, std::size_t n) {
   typename S::memory;
@@ -42,9 +44,12 @@ class buffer {
   using memory = typename S::memory;  ///< Where the elements live.
 
   buffer() = default;
-  /// Allocates `size` uninitialized elements.
+  /// Allocates `size` uninitialized elements (a size whose bytes overflow
+  /// is rejected with invalid_argument).
   explicit buffer(std::size_t size, S space = {})
-      : space_(space), data_(static_cast<T*>(space_.allocate(size * sizeof(T)))), size_(size) {}
+      : space_(space),
+        data_(static_cast<T*>(space_.allocate(detail::checked_mul(size, sizeof(T), "buffer")))),
+        size_(size) {}
   buffer(buffer&& other) noexcept
       : space_(other.space_), data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
   buffer& operator=(buffer&& other) noexcept {

@@ -1,30 +1,49 @@
 // gradcomp: gradient compression for data-parallel training.
 //
 // This umbrella header brings in everything that compiles with a plain C++
-// compiler: the concepts, the host execution space (and the CUDA space's
-// declarations where the CUDA runtime headers are found), the in-process
-// collective, the pipeline and the compressors. Backends with dependencies
-// are separate: <gradcomp/collectives/nccl.hpp> (gradcomp::nccl) and
-// <gradcomp/collectives/mpi.hpp> (gradcomp::mpi). CUDA kernels need
-// <gradcomp/cuda.cuh> in a .cu file.
+// compiler: the core types, the execution spaces (the CUDA space's
+// declarations where the CUDA runtime headers are found), the algorithms,
+// the in-process collectives, the pipeline and every compressor. Backends
+// with dependencies are separate: <gradcomp/collectives/nccl.hpp>
+// (gradcomp::nccl) and <gradcomp/collectives/mpi.hpp> (gradcomp::mpi). CUDA
+// kernels need <gradcomp/cuda.cuh> in a .cu file.
 #pragma once
 
-#include <gradcomp/aggregator.hpp>
-#include <gradcomp/allreducer.hpp>
+// Core
 #include <gradcomp/bucket_layout.hpp>
-#include <gradcomp/collective.hpp>
-#include <gradcomp/collectives/local_group.hpp>
-#include <gradcomp/collectives/single_rank.hpp>
-#include <gradcomp/compressor.hpp>
-#include <gradcomp/compressors/baseline.hpp>
-#include <gradcomp/compressors/powersgd.hpp>
-#include <gradcomp/compressors/quantize.hpp>
-#include <gradcomp/compressors/thc.hpp>
-#include <gradcomp/compressors/topk.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/error.hpp>
-#include <gradcomp/error_feedback.hpp>
-#include <gradcomp/execution.hpp>
 #include <gradcomp/random.hpp>
 #include <gradcomp/span.hpp>
 #include <gradcomp/types.hpp>
+#include <gradcomp/version.hpp>
+
+// Where loops run, and what they are made of
+#include <gradcomp/algorithm/segmented_reduce.hpp>
+#include <gradcomp/algorithm/streams.hpp>
+#include <gradcomp/algorithm/top_k.hpp>
+#include <gradcomp/algorithm/transform.hpp>
+#include <gradcomp/execution.hpp>
+
+// Collectives
+#include <gradcomp/collectives/collective.hpp>
+#include <gradcomp/collectives/local_group.hpp>
+#include <gradcomp/collectives/single_rank.hpp>
+
+// The pipeline
+#include <gradcomp/pipeline/aggregator.hpp>
+#include <gradcomp/pipeline/allreducer.hpp>
+#include <gradcomp/pipeline/compressor.hpp>
+#include <gradcomp/pipeline/error_feedback.hpp>
+#include <gradcomp/pipeline/nonfinite.hpp>
+
+// Compressors: one line each
+#include <gradcomp/compressors/cast/cast.hpp>
+#include <gradcomp/compressors/global_randk/global_randk.hpp>
+#include <gradcomp/compressors/intsgd/intsgd.hpp>
+#include <gradcomp/compressors/powersgd/powersgd.hpp>
+#include <gradcomp/compressors/qsgd/qsgd.hpp>
+#include <gradcomp/compressors/qsgd_multiscale/qsgd_multiscale.hpp>
+#include <gradcomp/compressors/thc/thc.hpp>
+#include <gradcomp/compressors/topk/topk.hpp>
+#include <gradcomp/compressors/topk_chunked/topk_chunked.hpp>

@@ -1,18 +1,22 @@
-// Counter-based random numbers (Philox4x32-10, Salmon et al., SC 2011).
+// Counter-based random numbers (Philox4x32-10, Salmon et al., SC 2011) and
+// the random permutation built on them.
 //
 // A counter-based generator has no state to carry between calls: the numbers
 // for element i are a pure function of (key, counter). gradcomp keys Philox by
-// (seed, step, stream id) and counts by element index, so host loops and CUDA
-// kernels of any launch shape draw bit-identical numbers, every rank draws the
-// same "shared" numbers (e.g. THC's random signs), and each rank draws its own
-// private ones (stochastic rounding) by using its rank as the stream id.
+// (seed, purpose) and counts by (element index, step, lane), so host loops and
+// CUDA kernels of any launch shape draw bit-identical numbers, every rank
+// draws the same "shared" numbers (THC's random signs, GlobalRandK's
+// coordinates), and each rank draws its own private ones (stochastic
+// rounding) by using its rank as the lane. Each purpose has a key of its own,
+// so no two uses of one seed ever share numbers.
 #pragma once
 
 #include <gradcomp/config.hpp>
+#include <gradcomp/detail/hash.hpp>
 
 #include <cstdint>
 
-namespace gradcomp {
+namespace gradcomp::inline GRADCOMP_ABI {
 
 /// Four 32-bit words: a Philox counter or output block.
 struct uint4x32 {
@@ -67,31 +71,51 @@ GRADCOMP_HOST_DEVICE float to_unit_float16(std::uint32_t bits) {
 
 /// Uniform j (0..7) of one Philox block read as eight 16-bit uniforms: the
 /// low, then the high, half of each word. (Rounding decisions need no more:
-/// 16 bits bias a rounding probability by at most 2^-16.)
+/// 16 bits bias a rounding probability by at most 2^-16.) The word is picked
+/// by selects, not an indexed load: a run-time j must not put the block in
+/// a GPU's local memory.
 GRADCOMP_HOST_DEVICE float uniform16(uint4x32 const& words, unsigned j) {
-  return to_unit_float16(words.v[j / 2] >> (16 * (j % 2)));
+  std::uint32_t const low = (j & 2u) != 0 ? words.v[1] : words.v[0];
+  std::uint32_t const high = (j & 2u) != 0 ? words.v[3] : words.v[2];
+  std::uint32_t const word = (j & 4u) != 0 ? high : low;
+  return to_unit_float16(word >> (16 * (j & 1u)));
 }
 
-/// The random numbers of one (seed, step, stream) triple, indexed by element.
+/// What a stream of random numbers is for. Each purpose draws from a key of
+/// its own, derived from the seed.
+enum class random_purpose : std::uint32_t {
+  rotation_signs = 1,  ///< THC's random +-1 diagonal, shared by every rank.
+  rounding = 2,        ///< Stochastic rounding noise, private to each rank.
+  coordinates = 3,     ///< GlobalRandK's coordinate permutation, shared.
+  projection = 4,      ///< PowerSGD's initial Q, shared.
+};
+
+/// The random numbers of one (key, step, lane) triple, indexed by element.
 ///
-/// Key = seed (64 bits); counter = (index low, index high, step, stream).
-/// Copyable and stateless, so kernels take it by value.
+/// Key = 64 bits; counter = (index low, index high, step, lane). Copyable and
+/// stateless, so kernels take it by value.
 class random_stream {
  public:
-  /// Stream id for numbers every rank must share (e.g. a random rotation).
+  /// Lane for numbers every rank must share.
   static constexpr std::uint32_t shared = 0xffffffffu;
 
-  /// The stream for `seed` at training step `step`; `stream` is a rank for
+  /// The stream of a raw Philox `key` at `step`; `lane` is a rank for
   /// private noise or `shared`.
-  GRADCOMP_HOST_DEVICE random_stream(std::uint64_t seed, std::uint32_t step, std::uint32_t stream)
-      : key_{{static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32)}},
-        step_(step),
-        stream_(stream) {}
+  GRADCOMP_HOST_DEVICE random_stream(std::uint64_t key, std::uint32_t step, std::uint32_t lane)
+      : key_{{static_cast<std::uint32_t>(key), static_cast<std::uint32_t>(key >> 32)}}, step_(step), lane_(lane) {}
+
+  /// The stream of `purpose` for `seed` at training step `step` (any 64-bit
+  /// step: its high half goes into the key), on `lane`.
+  static random_stream derive(std::uint64_t seed, random_purpose purpose, std::uint64_t step, std::uint32_t lane) {
+    std::uint64_t const key =
+        detail::mix64(seed ^ detail::mix64(static_cast<std::uint64_t>(purpose) << 32 | (step >> 32)));
+    return {key, static_cast<std::uint32_t>(step), lane};
+  }
 
   /// The four random words of block `index`.
   GRADCOMP_HOST_DEVICE uint4x32 operator()(std::uint64_t index) const {
     uint4x32 const counter{
-        {static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32), step_, stream_}};
+        {static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32), step_, lane_}};
     return philox4x32_10(counter, key_);
   }
 
@@ -102,7 +126,50 @@ class random_stream {
  private:
   uint2x32 key_;
   std::uint32_t step_;
-  std::uint32_t stream_;
+  std::uint32_t lane_;
+};
+
+/// A random bijection of [0, n) drawn from a stream: a four-round balanced
+/// Feistel network on the smallest 2^(2h) >= n, cycle-walking past n (a few
+/// steps on average). Its first K images are K distinct random elements;
+/// from a shared stream every rank computes the same ones.
+struct random_permutation {
+  std::uint64_t n;       ///< Size of the permuted range.
+  int half_bits;         ///< h: each Feistel half has h bits.
+  std::uint32_t keys[4]; ///< Round keys, from the stream's block 0.
+
+  /// The permutation of [0, n) that `stream` draws.
+  static random_permutation make(std::uint64_t n, random_stream const& stream) {
+    int bits = 2;
+    while (bits < 64 && (std::uint64_t{1} << bits) < n) bits += 2;
+    uint4x32 const words = stream(0);
+    return {n, bits / 2, {words.v[0], words.v[1], words.v[2], words.v[3]}};
+  }
+  /// A 32-bit integer hash (the Feistel round function).
+  GRADCOMP_HOST_DEVICE static std::uint32_t mix(std::uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
+  }
+  /// One pass of the Feistel network over [0, 2^(2h)).
+  GRADCOMP_HOST_DEVICE std::uint64_t once(std::uint64_t x) const {
+    std::uint64_t const mask = (std::uint64_t{1} << half_bits) - 1;
+    std::uint64_t left = x >> half_bits, right = x & mask;
+    for (int r = 0; r < 4; ++r) {
+      std::uint64_t const next = left ^ (mix(static_cast<std::uint32_t>(right) ^ keys[r]) & mask);
+      left = right;
+      right = next;
+    }
+    return (left << half_bits) | right;
+  }
+  /// The image of k in [0, n).
+  GRADCOMP_HOST_DEVICE std::uint64_t operator()(std::uint64_t k) const {
+    std::uint64_t x = once(k);
+    while (x >= n) x = once(x);
+    return x;
+  }
 };
 
 }  // namespace gradcomp

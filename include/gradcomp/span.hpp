@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <type_traits>
 
-namespace gradcomp {
+namespace gradcomp::inline GRADCOMP_ABI {
 
 /// Memory that host code can dereference.
 struct host_memory {

@@ -13,7 +13,7 @@
 #include <cstring>
 #include <string_view>
 
-namespace gradcomp {
+namespace gradcomp::inline GRADCOMP_ABI {
 namespace detail {
 
 GRADCOMP_HOST_DEVICE std::uint32_t float_bits(float f) {

@@ -93,6 +93,15 @@ bool same_as_rank0(Collective& comm, std::vector<T> const& mine) {
   return std::memcmp(rank0.data(), mine.data(), mine.size() * sizeof(T)) == 0;
 }
 
+/// One step, settled: on the host a bad step throws from the call itself, on
+/// the CUDA space from the next call or synchronize(); this throws from
+/// whichever reports it first, so one test body serves both.
+template <class Reducer, class Gradient>
+void settled_step(Reducer& reducer, Gradient gradient) {
+  reducer(gradient);
+  reducer.synchronize();
+}
+
 /// True when a and b hold the same bits (so NaN == NaN, +0 != -0).
 inline bool same_bits(float a, float b) { return detail::float_bits(a) == detail::float_bits(b); }
 

@@ -120,6 +120,6 @@ TEST_CASE_TEMPLATE_DEFINE("THC refuses bad configurations and inputs", Setup, th
     auto bad = random_gradient(3, comm.rank(), 1000);
     if (comm.rank() == 0) bad[5] = std::numeric_limits<float>::quiet_NaN();
     auto b = upload(space, bad);
-    CHECK_THROWS_AS(reduce(b.view()), nonfinite_error);
+    CHECK_THROWS_AS(settled_step(reduce, b.view()), nonfinite_error);
   });
 }

@@ -8,7 +8,7 @@
 
 namespace gradcomp::testing {
 
-/// Host copy of select_largest's contract: the `count` largest keys, ties to
+/// Host copy of top_k's contract: the `count` largest keys, ties to
 /// the lower index, in index order. Brute force: a full sort.
 inline std::vector<std::uint32_t> reference_top(std::vector<std::uint32_t> const& keys, std::size_t count) {
   std::vector<std::uint32_t> order(keys.size());
@@ -28,20 +28,16 @@ struct record_selection {
   GRADCOMP_HOST_DEVICE void operator()(std::size_t i, std::size_t r) const { out[r] = static_cast<std::uint32_t>(i); }
 };
 
-/// Runs select_largest in `space` on host keys.
+/// Runs top_k in `space` on host keys (poisoned output: every slot must be written).
 template <class Space>
 std::vector<std::uint32_t> select_in(Space const& space, std::vector<std::uint32_t> const& keys, std::size_t count) {
   using memory = typename Space::memory;
-  workspace_carver<memory> measure;
-  detail::carve_select(measure, keys.size(), count);
-  buffer<std::byte, Space> ws(measure.bytes(), space);
-  workspace_carver<memory> carver(ws.view());
-  auto const select = detail::carve_select(carver, keys.size(), count);
+  buffer<std::byte, Space> scratch(top_k_scratch_bytes<memory>(keys.size()), space);
   auto const device_keys = upload(space, keys);
-  buffer<std::uint32_t, Space> out(std::max<std::size_t>(count, 1), space);
-  detail::select_largest(space, keys.size(), count, key_array{device_keys.data()}, record_selection{out.data()},
-                         select);
-  return download(space, out.data(), std::min(count, keys.size()));
+  std::size_t const selected = std::min(count, keys.size());
+  auto out = upload(space, std::vector<std::uint32_t>(std::max<std::size_t>(selected, 1), 0xdeadbeefu));
+  top_k(space, keys.size(), count, key_array{device_keys.data()}, record_selection{out.data()}, scratch.view());
+  return download(space, out.data(), selected);
 }
 
 /// Gradients whose chunk norms are well apart (so float and double agree on
@@ -76,7 +72,7 @@ inline std::vector<std::uint32_t> reference_chunks(std::vector<std::vector<float
 
 }  // namespace gradcomp::testing
 
-TEST_CASE_TEMPLATE_DEFINE("select_largest equals a brute-force sort, ties to the lower index", Space, select_matches) {
+TEST_CASE_TEMPLATE_DEFINE("top_k equals a brute-force sort, ties to the lower index", Space, select_matches) {
   using namespace gradcomp::testing;
   std::mt19937 rng(std::random_device{}());
   for (std::size_t n : {std::size_t{1}, std::size_t{100}, std::size_t{5000}, std::size_t{300001}}) {
@@ -92,8 +88,9 @@ TEST_CASE_TEMPLATE_DEFINE("select_largest equals a brute-force sort, ties to the
 }
 
 // Four ranks; every rank must pick the reference chunks, return bitwise the
-// same vector, the exact mean (float values) in those chunks and zeros
-// elsewhere; across sizes that leave a short tail chunk, K = 0 and K = all.
+// same vector, the mean (float values pre-scaled by 1/n, summed in rank
+// order) in those chunks and zeros elsewhere; across sizes that leave a short
+// tail chunk, K = 0 and K = all.
 TEST_CASE_TEMPLATE_DEFINE("TopK-Chunked picks the reference chunks and returns their mean", Setup, topkc_mean) {
   using namespace gradcomp;
   using namespace gradcomp::testing;
@@ -118,10 +115,11 @@ TEST_CASE_TEMPLATE_DEFINE("TopK-Chunked picks the reference chunks and returns t
         std::vector<char> in_chosen(m, 0);
         for (auto j : chosen) in_chosen[j] = 1;
         std::size_t wrong = 0;
+        float const inverse = 1.0f / static_cast<float>(n);
         for (std::size_t i = 0; i < d; ++i) {
-          float sum = grads[0][i];
-          for (int r = 1; r < n; ++r) sum += grads[r][i];
-          float const expected = in_chosen[i / 64] ? sum / static_cast<float>(n) : 0.0f;
+          float sum = grads[0][i] * inverse;
+          for (int r = 1; r < n; ++r) sum += grads[r][i] * inverse;
+          float const expected = in_chosen[i / 64] ? sum : 0.0f;
           bool const local = std::is_same_v<typename Setup::world, local_world>;
           wrong += (local ? same_bits(out[i], expected) : std::fabs(out[i] - expected) <= 1e-6f * std::fabs(expected))
                        ? 0
@@ -138,7 +136,7 @@ TEST_CASE_TEMPLATE_DEFINE("TopK-Chunked picks the reference chunks and returns t
 }
 
 // Classic TopK: each rank's k largest |g + e| (ties to the lower index),
-// all-gathered, added rank by rank as value / n.
+// all-gathered as W(value x fl(1/n)), added rank by rank.
 TEST_CASE_TEMPLATE_DEFINE("TopK returns the reference sparse mean", Setup, topk_mean) {
   using namespace gradcomp;
   using namespace gradcomp::testing;
@@ -161,11 +159,12 @@ TEST_CASE_TEMPLATE_DEFINE("TopK returns the reference sparse mean", Setup, topk_
 
       std::vector<float> expected(d, 0.0f);
       std::vector<std::uint32_t> mine;
+      float const inverse = 1.0f / static_cast<float>(n);
       for (int r = 0; r < n; ++r) {
         std::vector<std::uint32_t> keys(d);
         for (std::size_t i = 0; i < d; ++i) keys[i] = detail::float_bits(grads[r][i]) & 0x7fffffffu;
         auto const top = reference_top(keys, k);
-        for (auto i : top) expected[i] += static_cast<float>(bfloat16(grads[r][i])) / static_cast<float>(n);
+        for (auto i : top) expected[i] += static_cast<float>(bfloat16(grads[r][i] * inverse));
         if (r == comm.rank()) mine = top;
       }
       std::vector<char> sent(d, 0);
@@ -174,7 +173,9 @@ TEST_CASE_TEMPLATE_DEFINE("TopK returns the reference sparse mean", Setup, topk_
       for (std::size_t i = 0; i < d; ++i) {
         float const acc = grads[comm.rank()][i] + 0.0f;  // g + e with e = 0 (turns -0 into +0)
         wrong_out += same_bits(out[i], expected[i]) ? 0 : 1;
-        wrong_residual += same_bits(residual[i], sent[i] ? acc - static_cast<float>(bfloat16(acc)) : acc) ? 0 : 1;
+        float const kept = static_cast<float>(static_cast<double>(acc) -
+                                              static_cast<double>(static_cast<float>(bfloat16(acc * inverse))) * n);
+        wrong_residual += same_bits(residual[i], sent[i] ? kept : acc) ? 0 : 1;
       }
       INFO("seed " << seed << ", k " << k << ", rank " << comm.rank());
       CHECK(wrong_out == 0);
@@ -258,8 +259,8 @@ TEST_CASE_TEMPLATE_DEFINE("sparsifiers reject bad parameters and non-finite grad
     if (comm.rank() == comm.size() - 1) g[100] = std::numeric_limits<float>::infinity();
     auto a = upload(space, g);
     auto b = upload(space, g);
-    CHECK_THROWS_AS(topkc(a.view()), nonfinite_error);
-    CHECK_THROWS_AS(classic(b.view()), nonfinite_error);
+    CHECK_THROWS_AS(settled_step(topkc, a.view()), nonfinite_error);
+    CHECK_THROWS_AS(settled_step(classic, b.view()), nonfinite_error);
     auto const unchanged = download(space, a.data(), d);
     CHECK(std::memcmp(unchanged.data(), g.data(), d * sizeof(float)) == 0);
     auto const residual = download(space, topkc.residual().data(), d);

@@ -11,7 +11,7 @@
 // peers through abort().
 #pragma once
 
-#include <gradcomp/collective.hpp>
+#include <gradcomp/collectives/collective.hpp>
 #include <gradcomp/detail/reduce.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/execution.hpp>
@@ -28,7 +28,7 @@
 #include <thread>
 #include <vector>
 
-namespace gradcomp {
+namespace gradcomp::inline GRADCOMP_ABI {
 
 /// A group of ranks that live as threads in this process.
 class local_group {
@@ -258,14 +258,17 @@ class local_group {
       if (aborted) throw collective_error("local_group: " + reason);
       std::uint64_t const my_generation = generation;
       if (++arrived == ranks) {
-        arrived = 0;
-        ++generation;
         last();
         wake.notify_all();
-      } else {
-        wake.wait(lock, [&] { return generation != my_generation || aborted; });
+        if (aborted) throw collective_error("local_group: " + reason);  // last() found the ranks disagreeing
+        arrived = 0;
+        ++generation;
+        return;
       }
-      if (aborted) throw collective_error("local_group: " + reason);
+      wake.wait(lock, [&] { return generation != my_generation || aborted; });
+      // A barrier every rank passed has completed, even if a peer aborted
+      // right after: only a barrier that never filled fails.
+      if (generation == my_generation) throw collective_error("local_group: " + reason);
     }
 
     void abort(std::string const& why, int failed_rank = -1) {

@@ -1,7 +1,7 @@
 // MPI backend (component gradcomp::mpi): one process per rank.
 #pragma once
 
-#include <gradcomp/collective.hpp>
+#include <gradcomp/collectives/collective.hpp>
 #include <gradcomp/detail/reduce.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/types.hpp>
@@ -21,7 +21,7 @@
 #include <string>
 #include <type_traits>
 
-namespace gradcomp {
+namespace gradcomp::inline GRADCOMP_ABI {
 
 /// Wraps an MPI communicator it does not own; satisfies gradcomp::collective.
 ///

@@ -6,7 +6,7 @@
 #error "<gradcomp/collectives/nccl.hpp> needs the CUDA runtime: link gradcomp::nccl (or define GRADCOMP_WITH_CUDA)"
 #endif
 
-#include <gradcomp/collective.hpp>
+#include <gradcomp/collectives/collective.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/execution/cuda.hpp>
 #include <gradcomp/types.hpp>
@@ -19,7 +19,7 @@
 #include <thread>
 #include <utility>
 
-namespace gradcomp {
+namespace gradcomp::inline GRADCOMP_ABI {
 
 /// Wraps an ncclComm_t and the CUDA stream its collectives are ordered on;
 /// satisfies gradcomp::collective. Device buffers only.

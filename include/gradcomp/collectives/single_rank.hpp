@@ -3,14 +3,14 @@
 // compressor's local work without any communication.
 #pragma once
 
-#include <gradcomp/collective.hpp>
+#include <gradcomp/collectives/collective.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/execution.hpp>
 #include <gradcomp/types.hpp>
 
 #include <string>
 
-namespace gradcomp {
+namespace gradcomp::inline GRADCOMP_ABI {
 
 /// Rank 0 of 1, over buffers of execution space `Space`; satisfies
 /// gradcomp::collective. Reductions over one rank copy (or, in place, do

@@ -2,14 +2,14 @@
 // MPI backend's 16-bit operators and the all-gather aggregator.
 #pragma once
 
-#include <gradcomp/collective.hpp>
+#include <gradcomp/collectives/collective.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/types.hpp>
 
 #include <cstdint>
 #include <type_traits>
 
-namespace gradcomp::detail {
+namespace gradcomp::inline GRADCOMP_ABI::detail {
 
 /// The type a reduction of T accumulates in: float for the 16-bit floats (so
 /// a sum rounds once, at the end), a 64-bit integer for integers (sums wrap

@@ -1,7 +1,7 @@
-// The CUDA execution space: element loops become grid-stride kernels ordered
-// on one stream. This header needs only the CUDA runtime API, so host code
-// compiled by g++ can allocate, copy and hold a cuda_space; launching the
-// kernels needs nvcc (include <gradcomp/cuda.cuh> from a .cu file).
+// The CUDA execution space: element loops become kernels ordered on one
+// stream. This header needs only the CUDA runtime API, so host code compiled
+// by g++ can allocate, copy and hold a cuda_space; launching the kernels
+// needs nvcc (include <gradcomp/cuda.cuh> from a .cu file).
 #pragma once
 
 #include <gradcomp/config.hpp>
@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 /// Throws gradcomp::cuda_error naming the failed call when a CUDA runtime
 /// call does not return cudaSuccess.
@@ -25,10 +26,10 @@
       throw ::gradcomp::cuda_error(std::string(#call) + " failed: " + cudaGetErrorString(gradcomp_status_)); \
   } while (0)
 
-namespace gradcomp {
+namespace gradcomp::inline GRADCOMP_ABI {
 
 /// Runs element loops as CUDA kernels on `stream`. Every operation is
-/// asynchronous on the stream except to_host, from_host and synchronize.
+/// asynchronous on the stream except the ones marked as waiting.
 struct cuda_space {
   using memory = device_memory;  ///< Device buffers only.
 
@@ -52,20 +53,23 @@ struct cuda_space {
   void fill_zero(void* dst, std::size_t bytes) const {
     if (bytes != 0) GRADCOMP_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, stream));
   }
-  /// Copies device memory to the host and waits for it.
+  /// Copies device memory to the host.
+  /// @note Waits for the stream.
   void to_host(void* host_dst, void const* src, std::size_t bytes) const {
     if (bytes == 0) return;
     GRADCOMP_CUDA_TRY(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream));
     synchronize();
   }
-  /// Copies host memory to the device and waits for it (the host buffer may
-  /// be reused as soon as this returns).
+  /// Copies host memory to the device (the host buffer may be reused as soon
+  /// as this returns).
+  /// @note Waits for the stream.
   void from_host(void* dst, void const* host_src, std::size_t bytes) const {
     if (bytes == 0) return;
     GRADCOMP_CUDA_TRY(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream));
     synchronize();
   }
   /// Waits for all work on the stream.
+  /// @note Waits, by definition.
   void synchronize() const { GRADCOMP_CUDA_TRY(cudaStreamSynchronize(stream)); }
 };
 
@@ -77,13 +81,60 @@ inline bool cuda_device_available() {
 
 namespace detail {
 
+/// The kernels behind the CUDA space's loops are compiled by nvcc only: the
+/// primary template is looked up where a loop is used, and <gradcomp/cuda.cuh>
+/// provides the specializations.
 template <class Tag, class... F>
 struct cuda_kernels {
   static_assert(always_false<Tag, F...>,
                 "gradcomp's CUDA kernels are compiled by nvcc: run the cuda_space path from a .cu "
                 "file that includes <gradcomp/cuda.cuh>");
 };
-struct cuda_kernels_tag;
+
+/// A CUDA event, owned.
+class cuda_event {
+ public:
+  cuda_event() { GRADCOMP_CUDA_TRY(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming)); }
+  cuda_event(cuda_event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+  cuda_event& operator=(cuda_event&& other) noexcept {
+    std::swap(event_, other.event_);
+    return *this;
+  }
+  ~cuda_event() {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+  /// The event.
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+/// Page-locked host memory for `count` values of T, zeroed, owned: the
+/// device can copy into it asynchronously.
+template <class T>
+class pinned {
+ public:
+  explicit pinned(std::size_t count = 1) {
+    void* p = nullptr;
+    GRADCOMP_CUDA_TRY(cudaMallocHost(&p, count * sizeof(T)));
+    data_ = static_cast<T*>(p);
+    for (std::size_t i = 0; i < count; ++i) data_[i] = T{};
+  }
+  pinned(pinned&& other) noexcept : data_(std::exchange(other.data_, nullptr)) {}
+  pinned& operator=(pinned&& other) noexcept {
+    std::swap(data_, other.data_);
+    return *this;
+  }
+  ~pinned() {
+    if (data_ != nullptr) cudaFreeHost(data_);
+  }
+  /// The memory.
+  T* data() const { return data_; }
+
+ private:
+  T* data_ = nullptr;
+};
 
 }  // namespace detail
 
@@ -92,41 +143,6 @@ struct cuda_kernels_tag;
 template <class F>
 void parallel_for(cuda_space const& space, std::size_t n, F const& f) {
   detail::cuda_kernels<detail::cuda_kernels_tag, F>::for_each(space, n, f);
-}
-
-/// Calls f(i) for every i in [0, n) and adds the number of calls that
-/// returned true to `*counter`, a device pointer, asynchronously.
-template <class F>
-void parallel_count(cuda_space const& space, std::size_t n, F const& f, std::uint64_t* counter) {
-  detail::cuda_kernels<detail::cuda_kernels_tag, F>::count(space, n, f, counter);
-}
-
-/// The CUDA side of parallel_for_chunks: f(i) for every element, in a
-/// grid-stride kernel (adjacent threads share a chunk, so its branch is
-/// uniform across a warp when the chunk is at least 32 elements).
-template <class F>
-void parallel_for_chunks(cuda_space const& space, std::size_t n, std::size_t /*chunk*/, F const& f) {
-  parallel_for(space, n, f);
-}
-
-/// For each segment of `segment_size` elements: the sum of value(i)^2 in the
-/// canonical lane order (one warp per segment), then finish(j, sum), whose
-/// true results are counted into `*counter`. Bitwise the same as the host.
-/// One warp walks a whole segment: keep segments short (sum long ones in
-/// two levels with segment_sum).
-template <class Value, class Finish>
-void segment_sum_of_squares(cuda_space const& space, std::size_t n, std::size_t segment_size, Value const& value,
-                            Finish const& finish, std::uint64_t* counter) {
-  detail::cuda_kernels<detail::cuda_kernels_tag, Value>::template segment_sums<true>(space, n, segment_size, value,
-                                                                                     finish, counter);
-}
-
-/// As segment_sum_of_squares, summing value(i) itself.
-template <class Value, class Finish>
-void segment_sum(cuda_space const& space, std::size_t n, std::size_t segment_size, Value const& value,
-                 Finish const& finish, std::uint64_t* counter) {
-  detail::cuda_kernels<detail::cuda_kernels_tag, Value>::template segment_sums<false>(space, n, segment_size, value,
-                                                                                      finish, counter);
 }
 
 }  // namespace gradcomp

@@ -7,36 +7,37 @@
 // norms, small matrices) travel uncompressed, as means, with the first
 // all-reduce. Per step, with M = g + e:
 //   1. acc pass: acc = g + e into the workspace [reads g, e; writes acc];
-//   2. Q (kept from the last step, or drawn from a seed shared by all ranks)
-//      is orthogonalized; P = M Q                    [reads M];
+//   2. Q (kept from the last step, or drawn from a stream all ranks share)
+//      is copied and orthogonalized; P = M Q                 [reads M];
 //   3. all-reduce(sum) of every P and the uncompressed tensors, one message;
-//   4. P is orthogonalized (Gram-Schmidt, fp32); Q = M^T P   [reads M];
+//   4. P is orthogonalized (Gram-Schmidt, norms in double); Q = M^T P
+//      [reads M];
 //   5. all-reduce(sum) of every Q, one message; Q /= n;
 //   6. output pass: M_hat = P Q^T into the gradient, e = M - M_hat
-//      [reads acc; writes g, e].
+//      [reads acc; writes g, e]; Q is kept for the next step (committed with
+//      the step: a vetoed step leaves it as it was).
 // Wire bytes per step: (sum of (n + m) r' + uncompressed elements) x wire size.
 // Before start_step it is a plain fp32 all-reduce (residual zero). Q is kept
-// transposed (r x m), so its columns are contiguous. The host path multiplies
-// with OpenMP loops; the CUDA path with cuBLAS (include
-// <gradcomp/compressors/powersgd/powersgd.cuh>, link CUDA::cublas).
+// transposed (r x m), so its columns are contiguous. The host multiplies with
+// OpenMP loops (host.hpp); the CUDA path with cuBLAS (powersgd.cuh, link
+// CUDA::cublas), its handle made once per allreducer.
 #pragma once
 
-#include <gradcomp/compressor.hpp>
+#include <gradcomp/algorithm/transform.hpp>
+#include <gradcomp/compressors/powersgd/host.hpp>
 #include <gradcomp/compressors/powersgd/math.hpp>
 #include <gradcomp/detail/hash.hpp>
+#include <gradcomp/pipeline/compressor.hpp>
 #include <gradcomp/types.hpp>
 
 #include <algorithm>
 #include <bit>
 #include <cstdint>
-
-#if GRADCOMP_HAS_OPENMP
-#include <omp.h>
-#endif
+#include <optional>
 #include <string>
 #include <string_view>
 
-namespace gradcomp {
+namespace gradcomp::inline GRADCOMP_ABI {
 namespace detail {
 
 /// One tensor's part in PowerSGD: a compressed matrix or a plain tensor.
@@ -46,6 +47,13 @@ struct psgd_tensor {
   std::size_t plain_offset;              // into the plain part of the P payload (uncompressed)
 };
 
+/// What PowerSGD keeps per space beyond its workspace: nothing on the host;
+/// on CUDA a cuBLAS handle (powersgd.cuh).
+template <class Tag, class Space>
+struct psgd_resources {
+  explicit psgd_resources(Space const&) {}
+};
+
 /// The CUDA side (powersgd.cuh): cuBLAS products and the Gram-Schmidt kernel.
 template <class Tag, class Dependent = void>
 struct psgd_device {
@@ -53,99 +61,29 @@ struct psgd_device {
                 "PowerSGD's CUDA path needs <gradcomp/compressors/powersgd/powersgd.cuh> in a .cu file (and "
                 "CUDA::cublas)");
 };
-struct psgd_device_tag;
-
-/// Gram-Schmidt on `count` vectors of `length` elements; element i of vector
-/// k is at a[i * element_stride + k * vector_stride] (P: the columns of a
-/// row-major rows x r matrix; Q^T: its rows). Two passes ("twice is
-/// enough"): a single classical pass loses orthogonality in proportion to the
-/// matrix's condition number, and P P^T is then no projector.
-inline void gram_schmidt(host_space const&, float* a, std::size_t length, std::size_t count, std::size_t element_stride,
-                         std::size_t vector_stride, float eps) {
-  for (int pass = 0; pass < gram_schmidt_passes; ++pass) {
-    for (std::size_t k = 0; k < count; ++k) {
-      float* v = a + k * vector_stride;
-      float norm2 = 0.0f;
-      for (std::size_t i = 0; i < length; ++i) norm2 += v[i * element_stride] * v[i * element_stride];
-      float const scale = gram_schmidt_scale(norm2, eps);
-      for (std::size_t i = 0; i < length; ++i) v[i * element_stride] *= scale;
-      for (std::size_t j = k + 1; j < count; ++j) {
-        float* w = a + j * vector_stride;
-        float dot = 0.0f;
-        for (std::size_t i = 0; i < length; ++i) dot += v[i * element_stride] * w[i * element_stride];
-        for (std::size_t i = 0; i < length; ++i) w[i * element_stride] -= dot * v[i * element_stride];
-      }
-    }
-  }
-}
-
-// The two products are skinny (r is small): they read M once and are bound
-// by memory, not arithmetic. On the host they are OpenMP loops sharing the
-// threads of the other passes (a BLAS library's own thread pool fights them
-// for the cores, and OpenBLAS's GEMM is slow at r = 1: measured); on the GPU,
-// cuBLAS.
-
-/// P = M Q, with Q stored transposed (q_t: rank x cols): one dot product of
-/// a row of M with each row of q_t.
-inline void multiply_mq(host_space const& space, float const* m, float const* q_t, float* p, std::size_t rows,
-                        std::size_t cols, std::size_t rank) {
-  [[maybe_unused]] int const threads = space.threads_for(rows * cols);
-  GRADCOMP_OMP(parallel for schedule(static) num_threads(threads))
-  for (std::size_t i = 0; i < rows; ++i) {
-    float const* row = m + i * cols;
-    for (std::size_t k = 0; k < rank; ++k) {
-      float const* q = q_t + k * cols;
-      float dot = 0.0f;
-      GRADCOMP_OMP(simd reduction(+ : dot))
-      for (std::size_t c = 0; c < cols; ++c) dot += row[c] * q[c];
-      p[i * rank + k] = dot;
-    }
-  }
-}
-
-/// Q^T = P^T M (q_t: rank x cols): each thread owns a slice of the columns
-/// and adds p[i, k] * M[i, slice] row by row.
-inline void multiply_mtp(host_space const& space, float const* m, float const* p, float* q_t, std::size_t rows,
-                         std::size_t cols, std::size_t rank) {
-  [[maybe_unused]] int const threads = space.threads_for(rows * cols);
-  GRADCOMP_OMP(parallel num_threads(threads)) {
-#if GRADCOMP_HAS_OPENMP
-    std::size_t const t = static_cast<std::size_t>(omp_get_thread_num());
-    std::size_t const team = static_cast<std::size_t>(omp_get_num_threads());
-#else
-    std::size_t const t = 0, team = 1;
-#endif
-    std::size_t const begin = cols * t / team, end = cols * (t + 1) / team;
-    for (std::size_t k = 0; k < rank; ++k)
-      for (std::size_t c = begin; c < end; ++c) q_t[k * cols + c] = 0.0f;
-    for (std::size_t i = 0; i < rows; ++i) {
-      float const* row = m + i * cols;
-      for (std::size_t k = 0; k < rank; ++k) {
-        float const pk = p[i * rank + k];
-        float* q = q_t + k * cols;
-        for (std::size_t c = begin; c < end; ++c) q[c] += pk * row[c];
-      }
-    }
-  }
-}
 
 #if GRADCOMP_HAS_CUDA
 // Templates, so the device struct is looked up where they are used (after
 // powersgd.cuh), not here.
-template <class Space = cuda_space>
-void gram_schmidt(cuda_space const& s, float* a, std::size_t length, std::size_t count, std::size_t element_stride,
-                  std::size_t vector_stride, float eps) {
-  psgd_device<psgd_device_tag, Space>::gram_schmidt(s, a, length, count, element_stride, vector_stride, eps);
+template <class Resources>
+void gram_schmidt(cuda_space const& s, Resources& r, float* a, std::size_t length, std::size_t count,
+                  std::size_t element_stride, std::size_t vector_stride, float eps) {
+  psgd_device<cuda_kernels_tag, Resources>::gram_schmidt(s, r, a, length, count, element_stride, vector_stride, eps);
 }
-template <class Space = cuda_space>
-void multiply_mq(cuda_space const& s, float const* m, float const* q_t, float* p, std::size_t rows, std::size_t cols,
-                 std::size_t rank) {
-  psgd_device<psgd_device_tag, Space>::multiply_mq(s, m, q_t, p, rows, cols, rank);
+template <class Resources>
+void multiply_mq(cuda_space const& s, Resources& r, float const* m, float const* q_t, float* p, std::size_t rows,
+                 std::size_t cols, std::size_t rank) {
+  psgd_device<cuda_kernels_tag, Resources>::multiply_mq(s, r, m, q_t, p, rows, cols, rank);
 }
-template <class Space = cuda_space>
-void multiply_mtp(cuda_space const& s, float const* m, float const* p, float* q_t, std::size_t rows, std::size_t cols,
-                  std::size_t rank) {
-  psgd_device<psgd_device_tag, Space>::multiply_mtp(s, m, p, q_t, rows, cols, rank);
+template <class Resources>
+void multiply_mtp(cuda_space const& s, Resources& r, float const* m, float const* p, float* q_t, std::size_t rows,
+                  std::size_t cols, std::size_t rank) {
+  psgd_device<cuda_kernels_tag, Resources>::multiply_mtp(s, r, m, p, q_t, rows, cols, rank);
+}
+template <class EF>
+void write_output(cuda_space const& space, std::size_t rows, std::size_t cols, psgd_output<EF> const& f) {
+  transform(space, rows * cols, inputs(f.acc + f.offset), outputs(f.gradient + f.offset, f.ef.next(f.offset)),
+            psgd_output_element{f.p, f.q_t, cols, f.rank}, {.when = f.when});
 }
 #endif
 
@@ -170,7 +108,11 @@ struct powersgd {
   bool warm_start = true;                  ///< Reuse last step's Q.
   std::uint64_t start_step = 0;            ///< Plain fp32 all-reduce before this step (PyTorch: 1000).
   float orthogonalization_epsilon = 0.0f;  ///< Added to column norms in Gram-Schmidt.
-  std::uint64_t seed = 0;                  ///< Shared seed for the initial Q.
+  std::optional<std::uint64_t> seed{};     ///< Seeds the initial Q; unset: the bucket's own.
+
+  /// What PowerSGD needs per space beyond its workspace (a cuBLAS handle on CUDA).
+  template <class Space>
+  using resources = detail::psgd_resources<detail::cuda_kernels_tag, Space>;
 
   /// Calls f(part) for each tensor of `layout`, in order: compressed at
   /// which rank (0: plain), and where its pieces go. Allocates nothing, so
@@ -229,19 +171,19 @@ struct powersgd {
     h = detail::hash_combine(h, warm_start);
     h = detail::hash_combine(h, start_step);
     h = detail::hash_combine(h, std::bit_cast<std::uint32_t>(orthogonalization_epsilon));
-    h = detail::hash_combine(h, seed);
+    h = detail::hash_optional(h, seed);
     return detail::hash_combine(h, static_cast<std::uint64_t>(dtype_of_v<Wire>));
   }
 
-  /// Workspace pieces. q persists from step to step (the warm start).
+  /// Workspace pieces. q_state persists from step to step (the warm start).
   template <class Memory>
   struct workspace {
-    span<std::uint64_t, Memory> counters;
-    span<float, Memory> acc;    ///< g + e, the matrices M.
-    span<float, Memory> p;      ///< Every P.
-    span<float, Memory> q_t;    ///< Every Q, transposed (rank x cols), kept across steps.
-    span<Wire, Memory> p_wire;  ///< Every P, then the plain tensors: the first message.
-    span<Wire, Memory> q_wire;  ///< Every Q: the second message.
+    span<float, Memory> acc;      ///< g + e, the matrices M.
+    span<float, Memory> p;        ///< Every P.
+    span<float, Memory> q_state;  ///< Every Q, transposed (rank x cols), as the last committed step left it.
+    span<float, Memory> q_work;   ///< This step's Q.
+    span<Wire, Memory> p_wire;    ///< Every P, then the plain tensors: the first message.
+    span<Wire, Memory> q_wire;    ///< Every Q: the second message.
     span<std::byte, Memory> scratch;
   };
 
@@ -250,10 +192,10 @@ struct powersgd {
   workspace<Memory> carve(workspace_carver<Memory>& w, bucket_layout const& layout, int ranks) const {
     sizes const s = size_of(layout);
     workspace<Memory> ws;
-    ws.counters = w.template take<std::uint64_t>(2);
     ws.acc = w.template take<float>(layout.size());
     ws.p = w.template take<float>(s.p);
-    ws.q_t = w.template take<float>(s.q);
+    ws.q_state = w.template take<float>(s.q);
+    ws.q_work = w.template take<float>(s.q);
     ws.p_wire = w.template take<Wire>(s.p + s.plain);
     ws.q_wire = w.template take<Wire>(s.q);
     std::size_t const largest =
@@ -274,69 +216,76 @@ struct powersgd {
   template <class Context>
   void step(Context& ctx, span<float, typename Context::memory> gradient) const {
     using EF = typename Context::error_feedback_ref;
-    auto carver = ctx.carver();
-    auto ws = carve<typename Context::aggregator>(carver, ctx.layout(), ctx.ranks());
+    auto const ws = ctx.carve(*this);
     auto const& space = ctx.space();
     auto const& ef = ctx.error_feedback();
+    auto& resources = ctx.resources();
     float const n = static_cast<float>(ctx.ranks());
     std::size_t const d = gradient.size();
 
-    space.fill_zero(ws.counters.data(), ws.counters.size_bytes());
-    parallel_count(space, d, detail::accumulate_into<float, EF>{gradient.data(), ef, ws.acc.data()},
-                   ws.counters.data());
-    ctx.agree_all_finite(ws.counters.data(), "NaN or infinite");
-
-    if (ctx.step() < start_step) {  // warm-up: a plain fp32 all-reduce, nothing kept
+    if (ctx.step() < start_step) {  // warm-up: a plain fp32 mean, nothing kept
+      transform(space, d, inputs(gradient, ef.previous()), outputs(ws.acc),
+                detail::psgd_warm_up_encode{1.0f / n, detail::mean_codec<float>::limit(ctx.ranks())},
+                {.count = ctx.bad_count()});
+      ctx.agree_all_finite(detail::mean_codec<float>::out_of_range);
       ctx.aggregate(ws.acc, ws.scratch);
-      parallel_for(space, d, detail::psgd_warm_up<EF>{ws.acc.data(), gradient.data(), ef, n});
+      transform(space, d, inputs(ws.acc), outputs(gradient, ef.next()), detail::psgd_warm_up_decode{},
+                {.when = ctx.output_gate()});
       return;
     }
+    transform(space, d, inputs(gradient, ef.previous()), outputs(ws.acc), detail::psgd_accumulate{},
+              {.count = ctx.bad_count()});
+    ctx.agree_all_finite("NaN or infinite");
     if (ctx.step() == start_step || !warm_start)  // the same Q on every rank
-      parallel_for(space, ws.q_t.size(),
-                   detail::psgd_normal_fill{random_stream(seed, static_cast<std::uint32_t>(warm_start ? 0 : ctx.step()),
-                                                          random_stream::shared),
-                                            ws.q_t.data()});
+      transform(space, ws.q_work.size(), inputs(), outputs(ws.q_work),
+                detail::psgd_normal_fill{ctx.random(seed, random_purpose::projection, random_stream::shared)});
+    else
+      transform(space, ws.q_work.size(), inputs(ws.q_state), outputs(ws.q_work), detail::psgd_copy{});
 
     // P = M Q per matrix; the plain tensors join the first message.
     for_each_part(ctx.layout(), [&](detail::psgd_tensor const& t) {
       if (t.rank == 0) {
-        parallel_for(space, t.rows * t.cols,
-                     detail::psgd_pack_plain<Wire>{ws.acc.data() + t.offset,
-                                                   ws.p_wire.data() + ws.p.size() + t.plain_offset, n});
+        transform(space, t.rows * t.cols, inputs(ws.acc.data() + t.offset),
+                  outputs(ws.p_wire.data() + ws.p.size() + t.plain_offset), detail::psgd_pack_plain<Wire>{1.0f / n});
         return;
       }
-      float* q_t = ws.q_t.data() + t.q_offset;  // Q's columns are q_t's rows
-      detail::gram_schmidt(space, q_t, t.cols, t.rank, 1, t.cols, orthogonalization_epsilon);
-      detail::multiply_mq(space, ws.acc.data() + t.offset, q_t, ws.p.data() + t.p_offset, t.rows, t.cols, t.rank);
+      float* q_t = ws.q_work.data() + t.q_offset;  // Q's columns are q_t's rows
+      detail::gram_schmidt(space, resources, q_t, t.cols, t.rank, 1, t.cols, orthogonalization_epsilon);
+      detail::multiply_mq(space, resources, ws.acc.data() + t.offset, q_t, ws.p.data() + t.p_offset, t.rows, t.cols,
+                          t.rank);
     });
-    parallel_for(space, ws.p.size(), detail::psgd_to_wire<Wire>{ws.p.data(), ws.p_wire.data()});
+    transform(space, ws.p.size(), inputs(ws.p), outputs(ws.p_wire), detail::psgd_to_wire<Wire>{});
     ctx.aggregate(ws.p_wire, ws.scratch);
-    parallel_for(space, ws.p.size(), detail::psgd_from_wire<Wire>{ws.p_wire.data(), ws.p.data(), 1.0f});
+    transform(space, ws.p.size(), inputs(ws.p_wire), outputs(ws.p), detail::psgd_from_wire<Wire>{1.0f});
 
     // Orthogonalize the summed P; Q = M^T P.
     for_each_part(ctx.layout(), [&](detail::psgd_tensor const& t) {
       if (t.rank == 0) return;
       float* p = ws.p.data() + t.p_offset;  // P's columns: stride rank
-      detail::gram_schmidt(space, p, t.rows, t.rank, t.rank, 1, orthogonalization_epsilon);
-      detail::multiply_mtp(space, ws.acc.data() + t.offset, p, ws.q_t.data() + t.q_offset, t.rows, t.cols, t.rank);
+      detail::gram_schmidt(space, resources, p, t.rows, t.rank, t.rank, 1, orthogonalization_epsilon);
+      detail::multiply_mtp(space, resources, ws.acc.data() + t.offset, p, ws.q_work.data() + t.q_offset, t.rows,
+                           t.cols, t.rank);
     });
-    parallel_for(space, ws.q_t.size(), detail::psgd_to_wire<Wire>{ws.q_t.data(), ws.q_wire.data()});
+    transform(space, ws.q_work.size(), inputs(ws.q_work), outputs(ws.q_wire), detail::psgd_to_wire<Wire>{});
     ctx.aggregate(ws.q_wire, ws.scratch);
-    parallel_for(space, ws.q_t.size(), detail::psgd_from_wire<Wire>{ws.q_wire.data(), ws.q_t.data(), 1.0f / n});
+    transform(space, ws.q_work.size(), inputs(ws.q_wire), outputs(ws.q_work), detail::psgd_from_wire<Wire>{1.0f / n});
 
     // Output and residual, matrix by matrix; the plain tensors' means.
+    gate const when = ctx.output_gate();
     for_each_part(ctx.layout(), [&](detail::psgd_tensor const& t) {
       if (t.rank == 0) {
-        parallel_for(space, t.rows * t.cols,
-                     detail::psgd_unpack_plain<Wire, EF>{ws.acc.data(), ws.p_wire.data() + ws.p.size() + t.plain_offset,
-                                                         gradient.data(), ef, t.offset, n});
+        transform(space, t.rows * t.cols,
+                  inputs(ws.acc.data() + t.offset, ws.p_wire.data() + ws.p.size() + t.plain_offset),
+                  outputs(gradient.data() + t.offset, ef.next(t.offset)), detail::psgd_unpack_plain<Wire>{1.0f / n, n},
+                  {.when = when});
         return;
       }
-      float const* q_t = ws.q_t.data() + t.q_offset;
-      parallel_for_chunks(space, t.rows * t.cols, t.cols,
-                          detail::psgd_output<EF>{ws.acc.data(), gradient.data(), ef, ws.p.data() + t.p_offset, q_t,
-                                                  t.offset, t.cols, t.rank});
+      detail::write_output(space, t.rows, t.cols,
+                           detail::psgd_output<EF>{when, ws.acc.data(), gradient.data(), ef, ws.p.data() + t.p_offset,
+                                                   ws.q_work.data() + t.q_offset, t.offset, t.cols, t.rank});
     });
+    transform(space, ws.q_work.size(), inputs(ws.q_work), outputs(ws.q_state), detail::psgd_copy{},
+              {.when = ctx.state_gate()});
   }
 };
 

@@ -1,5 +1,6 @@
-// THC's per-element and per-pair math, shared by the host block loops and the
-// CUDA block kernels (each rotation block is one CUDA thread block).
+// THC's per-element and per-pair math, shared by the host block loops
+// (blocks.hpp) and the CUDA block kernels (thc.cuh, one rotation block per
+// CUDA thread block).
 #pragma once
 
 #include <gradcomp/config.hpp>
@@ -11,7 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace gradcomp::detail {
+namespace gradcomp::inline GRADCOMP_ABI::detail {
 
 /// The random sign of element i, +1 or -1, shared by every rank (the D of
 /// the randomized Hadamard transform): one Philox call covers 128 elements.
@@ -66,18 +67,32 @@ GRADCOMP_HOST_DEVICE void thc_butterfly(float* block, std::size_t p, int s) {
 }
 
 /// 2^(-stages/2): what makes `stages` unnormalized butterfly stages orthonormal.
-inline float thc_rotation_scale(int stages) {
-  return static_cast<float>(std::ldexp(stages % 2 ? 0.70710678118654752440 : 1.0, -(stages / 2)));
+inline double thc_rotation_scale(int stages) {
+  return std::ldexp(stages % 2 ? 0.70710678118654752440 : 1.0, -(stages / 2));
 }
 
-/// THC's published non-uniform table: 16 values in 0..30, symmetric around 15.
+/// acc, or 0 when it is not finite: a bad value (counted, and the step
+/// vetoed) must not spread NaN through its block or reach a float-to-integer
+/// conversion. A select, so loops vectorize.
+GRADCOMP_HOST_DEVICE float thc_finite_or_zero(float acc) {
+  return (acc >= -3.40282347e38f) & (acc <= 3.40282347e38f) ? acc : 0.0f;
+}
+
+/// A rotated coordinate back in acc's units: x * backward * sign, in that
+/// order on host and device.
+GRADCOMP_HOST_DEVICE float thc_restore(float x, float backward, float sign) { return x * backward * sign; }
+
+/// THC's published non-uniform table: 16 values in 0..30, symmetric around
+/// 15, R = {0, 3, 5, 7, 9, 11, 13, 14, 16, 17, 19, 21, 23, 25, 27, 30}, read
+/// from two 64-bit constants (a byte each) rather than an array a GPU would
+/// keep in local memory.
 GRADCOMP_HOST_DEVICE int thc_table(int j) {
-  constexpr int values[16] = {0, 3, 5, 7, 9, 11, 13, 14, 16, 17, 19, 21, 23, 25, 27, 30};
-  return values[j];
+  constexpr std::uint64_t low = 0x0e0d0b0907050300ull, high = 0x1e1b191715131110ull;
+  return static_cast<int>(((j < 8 ? low : high) >> (8 * (j & 7))) & 0xffu);
 }
 
-/// z in [-clamp, clamp] (clamped first) to x in [0, top], then to an
-/// unbiased random integer: down or down + 1 with probability x - down.
+/// z (finite) clamped to [-clamp, clamp], mapped to x in [0, top], then to
+/// an unbiased random integer: down or down + 1 with probability x - down.
 /// Written so compilers vectorize it: single-step selects, and truncation
 /// for floor (x >= 0), since GCC will not vectorize floorf.
 GRADCOMP_HOST_DEVICE std::uint32_t thc_round(float z, float u, float clamp, float top) {
@@ -110,8 +125,8 @@ struct thc_codec {
   GRADCOMP_HOST_DEVICE std::uint32_t encode(float z, float u1, float u2) const {
     std::uint32_t const fine = encode_uniform(z, u1);
     if (!table) return fine;
-    int j = 0;  // the table interval [R_j, R_j+1] holding fine
-    while (j < 14 && thc_table(j + 1) <= static_cast<int>(fine)) ++j;
+    int j = 0;  // the table interval [R_j, R_j+1] holding fine: how many of R_1..R_14 are <= fine
+    for (int m = 1; m < 15; ++m) j += thc_table(m) <= static_cast<int>(fine) ? 1 : 0;
     int const below = thc_table(j), above = thc_table(j + 1);
     float const up = static_cast<float>(static_cast<int>(fine) - below) / static_cast<float>(above - below);
     return static_cast<std::uint32_t>(u2 < up ? above : below);

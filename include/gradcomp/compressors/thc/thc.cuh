@@ -1,13 +1,15 @@
 // THC's CUDA side: one thread block per rotation block, the block in shared
 // memory, the butterflies of a stage spread over the threads. The random
 // numbers are drawn as on the host: one Philox call per 128 signs (kept in
-// shared memory as bits) and per 8 (uniform) or 4 (table) roundings.
+// shared memory as bits) and per 8 (uniform) or 4 (table) roundings; the
+// same scales in the same order, so the lane values and outputs are bitwise
+// the host's.
 #pragma once
 
 #include <gradcomp/compressors/thc/thc.hpp>
 #include <gradcomp/execution/cuda_kernels.cuh>
 
-namespace gradcomp::detail {
+namespace gradcomp::inline GRADCOMP_ABI::detail {
 
 inline constexpr int thc_threads = 256;
 
@@ -50,67 +52,74 @@ __device__ inline void thc_rotate_shared(thc_block_params const& p, float* x) {
 }
 
 template <class Lane, class EF>
-__device__ void thc_run_block(thc_encode<Lane, EF> const& f, std::size_t b, float* memory) {
+__device__ void thc_run_block(thc_encode<Lane, EF> const& f, std::size_t b, float* memory, gate_state) {
   thc_block_params const& p = f.p;
   thc_shared const sh = thc_carve_shared(memory, p.block);
   std::size_t const first = b * p.block;
+  auto const ef = f.ef.bind();
+  float const forward = p.forward_scale(b), backward = p.backward_scale(b);
   thc_load_signs(p, first, sh.sign_bits);
   __syncthreads();
   for (std::size_t t = threadIdx.x; t < p.block; t += blockDim.x) {
-    float const acc = first + t < p.n ? f.ef.accumulate(first + t, f.gradient[first + t]) : 0.0f;
+    float const acc = first + t < p.n ? ef.accumulate(first + t, f.gradient[first + t]) : 0.0f;
     sh.acc[t] = acc;
-    sh.x[t] = acc * thc_block_sign(p, sh.sign_bits, first, t);
+    sh.x[t] = thc_finite_or_zero(acc) * thc_block_sign(p, sh.sign_bits, first, t) * forward;
   }
   __syncthreads();
   thc_rotate_shared(p, sh.x);
-  float const forward = p.forward_scale(b), backward = p.backward_scale(b);
   std::size_t const share = thc_noise_share(p.codec.table);
   if (p.block % share == 0) {  // each thread: one Philox call, the elements it covers
     for (std::size_t k = threadIdx.x; k < p.block / share; k += blockDim.x) {
       uint4x32 const words = p.mine(first / share + k);
-      for (std::size_t j = 0; j < share; ++j) f.quantize(sh.x, first, k * share + j, forward, backward, words);
+      for (std::size_t j = 0; j < share; ++j) f.quantize(sh.x, first, k * share + j, words);
     }
   } else {
     for (std::size_t t = threadIdx.x; t < p.block; t += blockDim.x)
-      f.quantize(sh.x, first, t, forward, backward, p.mine((first + t) / share));
+      f.quantize(sh.x, first, t, p.mine((first + t) / share));
   }
-  __syncthreads();
-  thc_rotate_shared(p, sh.x);
-  for (std::size_t t = threadIdx.x; t < p.block && first + t < p.n; t += blockDim.x) {
-    float const acc = sh.acc[t];
-    f.ef.update(first + t, acc - sh.x[t] * thc_block_sign(p, sh.sign_bits, first, t), mean_codec<float>::fits(acc));
-  }
-}
-
-template <class Lane>
-__device__ void thc_run_block(thc_decode<Lane> const& f, std::size_t b, float* memory) {
-  thc_block_params const& p = f.p;
-  thc_shared const sh = thc_carve_shared(memory, p.block);
-  std::size_t const first = b * p.block;
-  float const backward = p.backward_scale(b);
-  thc_load_signs(p, first, sh.sign_bits);
-  for (std::size_t t = threadIdx.x; t < p.block; t += blockDim.x) f.dequantize(sh.x, first, t, backward);
   __syncthreads();
   thc_rotate_shared(p, sh.x);
   for (std::size_t t = threadIdx.x; t < p.block && first + t < p.n; t += blockDim.x)
-    f.store(sh.x, first, t, thc_block_sign(p, sh.sign_bits, first, t));
+    ef.update(first + t, sh.acc[t] - thc_restore(sh.x[t], backward, thc_block_sign(p, sh.sign_bits, first, t)));
+}
+
+template <class Lane>
+__device__ void thc_run_block(thc_decode<Lane> const& f, std::size_t b, float* memory, gate_state state) {
+  thc_block_params const& p = f.p;
+  std::size_t const first = b * p.block;
+  if (state == gate_state::poisoned) {  // a vetoed step under propagate: NaN
+    for (std::size_t t = threadIdx.x; t < p.block && first + t < p.n; t += blockDim.x)
+      f.gradient[first + t] = poison_value<float>();
+    return;
+  }
+  thc_shared const sh = thc_carve_shared(memory, p.block);
+  float const backward = p.backward_scale(b);
+  thc_load_signs(p, first, sh.sign_bits);
+  for (std::size_t t = threadIdx.x; t < p.block; t += blockDim.x) f.dequantize(sh.x, first, t);
+  __syncthreads();
+  thc_rotate_shared(p, sh.x);
+  for (std::size_t t = threadIdx.x; t < p.block && first + t < p.n; t += blockDim.x)
+    f.store(sh.x, first, t, backward, thc_block_sign(p, sh.sign_bits, first, t));
 }
 
 template <class F>
-__global__ void __launch_bounds__(thc_threads) thc_blocks_kernel(std::size_t blocks, F f) {
+__global__ void __launch_bounds__(thc_threads) thc_blocks_kernel(std::size_t blocks, F f, gate when) {
   extern __shared__ float memory[];
+  gate_state const state = read_gate(when);
+  if (state == gate_state::closed) return;
   for (std::size_t b = blockIdx.x; b < blocks; b += gridDim.x) {
-    thc_run_block(f, b, memory);
+    thc_run_block(f, b, memory, state);
     __syncthreads();
   }
 }
 
 template <class F>
-struct thc_device<thc_device_tag, F> {
-  static void for_each_block(cuda_space const& space, std::size_t blocks, std::size_t block_size, F const& f) {
+struct thc_device<cuda_kernels_tag, F> {
+  static void for_each_block(cuda_space const& space, std::size_t blocks, std::size_t block_size, F const& f,
+                             gate when) {
     if (blocks == 0) return;
     unsigned const grid = static_cast<unsigned>(std::min<std::size_t>(blocks, 65535));
-    thc_blocks_kernel<<<grid, thc_threads, thc_shared_bytes(block_size), space.stream>>>(blocks, f);
+    thc_blocks_kernel<<<grid, thc_threads, thc_shared_bytes(block_size), space.stream>>>(blocks, f, when);
     GRADCOMP_CUDA_TRY(cudaGetLastError());
   }
 };

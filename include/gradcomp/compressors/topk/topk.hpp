@@ -4,22 +4,22 @@
 // Per step, with acc = g + e:
 //   1. acc pass [reads g, e; writes acc: 12 B/element];
 //   2. select the k entries of largest |acc|, ties to the lower index
-//      [radix select: three reads of acc, 12 B/element on the host; a radix
-//      sort of d keys with CUB on the GPU];
+//      (top_k: a radix select, no sort);
 //   3. all-gather every rank's k (index, value) pairs: n * k * (4 + value
 //      size) bytes arrive at every rank, growing with n;
 //   4. output pass: zero the gradient, e = acc [reads acc; writes g, e:
 //      12 B/element]; then, rank by rank (so every rank adds in the same
 //      order), add value / n at each gathered index; e = acc - sent at this
 //      rank's own indices.
-// Values travel unscaled (the sum is local, in float). k > d is an error;
+// Values travel as acc / n (the sum is local, in float). k > d is an error;
 // k = 0 sends nothing and keeps everything in the residual.
 #pragma once
 
-#include <gradcomp/compressor.hpp>
-#include <gradcomp/compressors/topk/select.hpp>
+#include <gradcomp/algorithm/top_k.hpp>
+#include <gradcomp/algorithm/transform.hpp>
 #include <gradcomp/detail/hash.hpp>
-#include <gradcomp/detail/mean_codec.hpp>
+#include <gradcomp/compressors/detail/mean_codec.hpp>
+#include <gradcomp/pipeline/compressor.hpp>
 #include <gradcomp/types.hpp>
 
 #include <bit>
@@ -28,8 +28,16 @@
 #include <string>
 #include <string_view>
 
-namespace gradcomp {
+namespace gradcomp::inline GRADCOMP_ABI {
 namespace detail {
+
+struct topk_accumulate {
+  float limit;
+  GRADCOMP_HOST_DEVICE bool operator()(std::size_t, float g, float e, float& acc) const {
+    acc = g + e;
+    return !((acc <= limit) & (acc >= -limit));
+  }
+};
 
 struct magnitude_key {
   float const* acc;
@@ -41,43 +49,41 @@ struct topk_emit {
   float const* acc;
   std::uint32_t* indices;
   W* values;
+  float inverse;  // 1/n
   GRADCOMP_HOST_DEVICE void operator()(std::size_t i, std::size_t r) const {
     indices[r] = static_cast<std::uint32_t>(i);
-    values[r] = static_cast<W>(acc[i]);
+    values[r] = mean_codec<W>::encode(acc[i], inverse);
   }
 };
 
-template <class EF>
-struct topk_reset {
-  float* gradient;
-  float const* acc;
-  EF ef;
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const {
-    gradient[i] = 0.0f;
-    ef.update(i, acc[i], mean_codec<float>::fits(acc[i]));
+struct topk_reset {  // nothing sent here: output 0, everything stays behind
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t, float acc, float& g, float& e_next) const {
+    g = 0.0f;
+    e_next = acc;
   }
 };
 
 template <class W, class EF>
-struct topk_keep_unsent {
+struct topk_keep_unsent {  // this rank's own indices: e = acc - sent
   float const* acc;
-  std::uint32_t const* indices;
-  W const* values;
   EF ef;
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t q) const {
-    std::uint32_t const i = indices[q];
-    ef.update(i, acc[i] - static_cast<float>(values[q]), mean_codec<W>::fits(acc[i]));
-  }
+  float ranks;
+  struct bound {
+    float const* acc;
+    typename EF::bound ef;
+    float ranks;
+    GRADCOMP_HOST_DEVICE void operator()(std::size_t, std::uint32_t i, W value) const {
+      ef.update(i, mean_codec<W>::residual(acc[i], value, ranks));
+    }
+  };
+  GRADCOMP_HOST_DEVICE bound bind() const { return {acc, ef.bind(), ranks}; }
 };
 
 template <class W>
-struct topk_scatter_mean {
+struct topk_scatter_mean {  // one rank's pairs, added in rank order
   float* gradient;
-  std::uint32_t const* indices;
-  W const* values;
-  float ranks;
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t q) const {
-    gradient[indices[q]] += static_cast<float>(values[q]) / ranks;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t, std::uint32_t i, W value) const {
+    gradient[i] += mean_codec<W>::mean(value);
   }
 };
 
@@ -126,27 +132,26 @@ struct topk {
   /// Workspace pieces.
   template <class Memory>
   struct workspace {
-    span<std::uint64_t, Memory> counters;          ///< Bad-value counts.
     span<float, Memory> acc;                       ///< g + e.
     span<std::uint32_t, Memory> indices;           ///< This rank's k indices...
     span<Value, Memory> values;                    ///< ...and values.
     span<std::uint32_t, Memory> gathered_indices;  ///< Every rank's, rank by rank.
     span<Value, Memory> gathered_values;
-    detail::select_workspace<Memory> select;
+    span<std::byte, Memory> select;  ///< top_k's scratch.
   };
 
   /// Takes the workspace pieces (measures when the carver is empty).
   template <class Aggregator, class Memory>
   workspace<Memory> carve(workspace_carver<Memory>& w, bucket_layout const& layout, int ranks) const {
-    std::size_t const d = layout.size(), sent = kept(d), all = sent * static_cast<std::size_t>(ranks);
+    std::size_t const d = layout.size(), sent = kept(d);
+    std::size_t const gathered = detail::checked_mul(sent, static_cast<std::size_t>(ranks), "topk");
     workspace<Memory> ws;
-    ws.counters = w.template take<std::uint64_t>(2);
     ws.acc = w.template take<float>(d);
     ws.indices = w.template take<std::uint32_t>(sent);
     ws.values = w.template take<Value>(sent);
-    ws.gathered_indices = w.template take<std::uint32_t>(all);
-    ws.gathered_values = w.template take<Value>(all);
-    ws.select = detail::carve_select(w, d, sent);
+    ws.gathered_indices = w.template take<std::uint32_t>(gathered);
+    ws.gathered_values = w.template take<Value>(gathered);
+    ws.select = w.template take<std::byte>(top_k_scratch_bytes<Memory>(d));
     return ws;
   }
 
@@ -161,30 +166,28 @@ struct topk {
   void step(Context& ctx, span<float, typename Context::memory> gradient) const {
     using EF = typename Context::error_feedback_ref;
     using memory = typename Context::memory;
-    auto carver = ctx.carver();
-    auto ws = carve<typename Context::aggregator>(carver, ctx.layout(), ctx.ranks());
+    auto const ws = ctx.carve(*this);
     auto const& space = ctx.space();
+    auto const& ef = ctx.error_feedback();
     std::size_t const d = gradient.size(), sent = ws.indices.size();
+    float const ranks = static_cast<float>(ctx.ranks());
 
-    space.fill_zero(ws.counters.data(), ws.counters.size_bytes());
-    parallel_count(space, d, detail::accumulate_into<Value, EF>{gradient.data(), ctx.error_feedback(), ws.acc.data()},
-                   ws.counters.data());
-    ctx.agree_all_finite(ws.counters.data(), std::string("NaN, infinite or beyond the value type's range"));
+    transform(space, d, inputs(gradient, ef.previous()), outputs(ws.acc),
+              detail::topk_accumulate{detail::mean_codec<Value>::limit(ctx.ranks())}, {.count = ctx.bad_count()});
+    ctx.agree_all_finite(detail::mean_codec<Value>::out_of_range);
 
-    detail::select_largest(space, d, sent, detail::magnitude_key{ws.acc.data()},
-                           detail::topk_emit<Value>{ws.acc.data(), ws.indices.data(), ws.values.data()}, ws.select);
+    top_k(space, d, sent, detail::magnitude_key{ws.acc.data()},
+          detail::topk_emit<Value>{ws.acc.data(), ws.indices.data(), ws.values.data(), 1.0f / ranks}, ws.select);
     ctx.all_gather(span<std::uint32_t const, memory>(ws.indices), ws.gathered_indices);
     ctx.all_gather(span<Value const, memory>(ws.values), ws.gathered_values);
 
-    parallel_for(space, d, detail::topk_reset<EF>{gradient.data(), ws.acc.data(), ctx.error_feedback()});
-    parallel_for(
-        space, sent,
-        detail::topk_keep_unsent<Value, EF>{ws.acc.data(), ws.indices.data(), ws.values.data(), ctx.error_feedback()});
+    gate const when = ctx.output_gate();  // (a vetoed step skips the scatters too: the reset wrote or skipped all)
+    transform(space, d, inputs(ws.acc), outputs(gradient, ef.next()), detail::topk_reset{}, {.when = when});
+    transform(space, sent, inputs(ws.indices, ws.values), outputs(),
+              detail::topk_keep_unsent<Value, EF>{ws.acc.data(), ef, ranks}, {.when = when});
     for (int r = 0; r < ctx.ranks(); ++r)  // rank order: the same sums on every rank
-      parallel_for(
-          space, sent,
-          detail::topk_scatter_mean<Value>{gradient.data(), ws.gathered_indices.data() + r * sent,
-                                           ws.gathered_values.data() + r * sent, static_cast<float>(ctx.ranks())});
+      transform(space, sent, inputs(ws.gathered_indices.subspan(r * sent, sent), ws.gathered_values.subspan(r * sent, sent)),
+                outputs(), detail::topk_scatter_mean<Value>{gradient.data()}, {.when = when});
   }
 };
 

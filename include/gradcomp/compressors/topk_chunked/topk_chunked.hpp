@@ -7,16 +7,17 @@
 //
 // Per step, with acc = g + e (e the error-feedback residual):
 //   1. score pass: s_j = ||acc over chunk j||^2 for chunks of C elements (the
-//      last may be shorter) [reads g, e: 8 B/element];
+//      last may be shorter), in double, in segmented_reduce's canonical order
+//      (bitwise the same on host and device) [reads g, e: 8 B/element];
 //   2. all-reduce(sum) of the m = ceil(d / C) scores, in the Score type;
 //   3. every rank selects the K chunks of largest summed score, ties to the
-//      lower chunk index: a pure function of scores that are bitwise equal on
-//      every rank (host and device sum each chunk in one canonical order);
+//      lower chunk index (top_k): a pure function of the summed scores, which
+//      the all-reduce made bitwise equal on every rank;
 //   4. pack the K chosen chunks (K * C values, the tail chunk zero-padded) as
-//      Value, pre-scaled by 1/n for 16-bit values, and all-reduce(sum) them;
+//      Value, pre-scaled by 1/n, and all-reduce(sum) them;
 //   5. output pass: the mean in the chosen chunks, zero elsewhere; residual
-//      e = acc - sent in the chosen chunks (the 16-bit rounding, or zero),
-//      e = acc elsewhere [reads g, e; writes g, e: 16 B/element].
+//      e = acc - sent in the chosen chunks (the rounding), e = acc elsewhere
+//      [reads g, e; writes g, e: 16 B/element].
 // About 24 bytes of memory traffic per element, three gradient-sized passes'
 // worth. Wire bytes per step: m * sizeof(Score) + K * C * sizeof(Value).
 //
@@ -25,11 +26,12 @@
 // them, more than the values at 1% of chunks); bf16 values, as the baseline.
 #pragma once
 
-#include <gradcomp/compressor.hpp>
-#include <gradcomp/compressors/topk/select.hpp>
+#include <gradcomp/algorithm/segmented_reduce.hpp>
+#include <gradcomp/algorithm/top_k.hpp>
+#include <gradcomp/algorithm/transform.hpp>
 #include <gradcomp/detail/hash.hpp>
-#include <gradcomp/detail/mean_codec.hpp>
-#include <gradcomp/detail/squared_norms.hpp>
+#include <gradcomp/compressors/detail/mean_codec.hpp>
+#include <gradcomp/pipeline/compressor.hpp>
 #include <gradcomp/types.hpp>
 
 #include <bit>
@@ -37,25 +39,31 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <vector>
 
-namespace gradcomp {
+namespace gradcomp::inline GRADCOMP_ABI {
 namespace detail {
 
 inline constexpr std::uint32_t not_selected = 0xffffffffu;
 
-// Score pass: chunk j's summed square (of detail::accumulated) into the scores.
+// Score pass: acc of element i, bad when it cannot travel as Value.
+struct topkc_acc {
+  float limit;
+  GRADCOMP_HOST_DEVICE reduce_item operator()(std::size_t, float g, float e) const {
+    float const acc = g + e;
+    return {acc, !((acc <= limit) & (acc >= -limit))};
+  }
+};
+
 template <class Score>
 struct topkc_store_score {
   Score* scores;
-  GRADCOMP_HOST_DEVICE bool operator()(std::size_t j, float sum) const {
-    scores[j] = static_cast<Score>(sum);
-    return !(sum <= 3.40282347e38f);  // NaN or infinite: a bad value, or a square past float's range
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j, double total) const {
+    scores[j] = static_cast<Score>(static_cast<float>(total));  // past float's range: infinity, still the largest
   }
 };
 
 // The selection's key of chunk j: its summed score's bits (scores are >= 0,
-// so unsigned order is numeric order; NaN ranks above everything).
+// so unsigned order is numeric order).
 template <class Score>
 struct topkc_key {
   Score const* scores;
@@ -73,70 +81,72 @@ struct topkc_record {
   }
 };
 
-struct fill_u32 {
-  std::uint32_t* data;
-  std::uint32_t value;
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const { data[i] = value; }
+struct fill_unselected {
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t, std::uint32_t& position) const { position = not_selected; }
 };
 
+// Pack: value p of the payload is element `selected[p / C] * C + p % C`.
 template <class Value, class EF>
 struct topkc_pack {
   float const* gradient;
   EF ef;
   std::uint32_t const* selected;
-  Value* packed;
   std::size_t n;
-  int shift;  // log2(C)
-  float ranks;
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t p) const {
-    std::size_t const i =
-        (static_cast<std::size_t>(selected[p >> shift]) << shift) | (p & ((std::size_t{1} << shift) - 1));
-    packed[p] = i < n ? mean_codec<Value>::encode(ef.accumulate(i, gradient[i]), ranks) : Value(0.0f);
-  }
+  int shift;      // log2(C)
+  float inverse;  // 1/n
+  struct bound {
+    float const* gradient;
+    typename EF::bound ef;
+    std::uint32_t const* selected;
+    std::size_t n;
+    int shift;
+    float inverse;
+    GRADCOMP_HOST_DEVICE void operator()(std::size_t p, Value& packed) const {
+      std::size_t const i =
+          (static_cast<std::size_t>(selected[p >> shift]) << shift) | (p & ((std::size_t{1} << shift) - 1));
+      packed = i < n ? mean_codec<Value>::encode(ef.accumulate(i, gradient[i]), inverse) : Value(0.0f);
+    }
+  };
+  GRADCOMP_HOST_DEVICE bound bind() const { return {gradient, ef.bind(), selected, n, shift, inverse}; }
 };
 
-// Output pass. Per element on the device (operator()); per chunk on the
-// host (chunk()), where the choice is then loop-invariant and both loops
-// vectorize. The same two element formulas serve both.
-template <class Value, class EF>
+// Output pass: the mean in chosen chunks (the residual keeps the rounding),
+// zero elsewhere (the residual keeps everything).
+template <class Value>
 struct topkc_unpack {
-  float* gradient;
-  EF ef;
   std::uint32_t const* position;
   Value const* summed;
   int shift;
-  float ranks;
-
-  // A chosen element: the mean arrives; the residual keeps the rounding.
-  GRADCOMP_HOST_DEVICE void chosen(std::size_t i, std::size_t p) const {
-    float const acc = ef.accumulate(i, gradient[i]);
-    float const sent = mean_codec<Value>::sent(mean_codec<Value>::encode(acc, ranks), ranks);
-    gradient[i] = mean_codec<Value>::mean(summed[p], ranks);
-    ef.update(i, acc - sent, mean_codec<float>::fits(acc));
-  }
-  // An element of a chunk nobody sent: zero out, everything stays behind.
-  GRADCOMP_HOST_DEVICE void dropped(std::size_t i) const {
-    float const acc = ef.accumulate(i, gradient[i]);
-    gradient[i] = 0.0f;
-    ef.update(i, acc, mean_codec<float>::fits(acc));
-  }
-
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t i) const {
+  float inverse, ranks;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t i, float g, float e, float& out, float& e_next) const {
+    float const acc = g + e;
     std::uint32_t const k = position[i >> shift];
-    if (k == not_selected)
-      dropped(i);
-    else
-      chosen(i, (static_cast<std::size_t>(k) << shift) | (i & ((std::size_t{1} << shift) - 1)));
+    bool const chosen = k != not_selected;
+    std::size_t const p = chosen ? (static_cast<std::size_t>(k) << shift) | (i & ((std::size_t{1} << shift) - 1)) : 0;
+    Value const sum = chosen ? summed[p] : Value(0.0f);
+    out = chosen ? mean_codec<Value>::mean(sum) : 0.0f;
+    e_next = chosen ? mean_codec<Value>::residual(acc, mean_codec<Value>::encode(acc, inverse), ranks) : acc;
   }
+};
 
-  void chunk(std::size_t j, std::size_t begin, std::size_t end) const {
-    std::uint32_t const k = position[j];
-    if (k == not_selected) {
-      for (std::size_t i = begin; i < end; ++i) dropped(i);
-    } else {
-      std::size_t const base = (static_cast<std::size_t>(k) << shift) - begin;
-      for (std::size_t i = begin; i < end; ++i) chosen(i, base + i);
-    }
+// verify_selection: a hash of the chosen chunks, and the ranks' comparison.
+struct hash_selection {
+  std::uint32_t const* selected;
+  std::size_t k;
+  std::uint64_t* hash;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
+    std::uint64_t h = hash_seed;
+    for (std::size_t r = 0; r < k; ++r) h = hash_combine(h, selected[r]);
+    *hash = h;
+  }
+};
+struct compare_selections {
+  std::uint64_t const* hashes;  // one per rank
+  int ranks;
+  std::uint64_t* veto;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
+    for (int r = 1; r < ranks; ++r)
+      if (hashes[r] != hashes[0]) *veto |= fault_bit;
   }
 };
 
@@ -158,15 +168,19 @@ struct topk_chunked {
 
   /// `chunks` value meaning "K = ceil(fraction * m)".
   static constexpr std::size_t from_fraction = static_cast<std::size_t>(-1);
+  /// The largest chunk size: chunk offsets and payload sizes stay far from overflow.
+  static constexpr std::size_t max_chunk_size = std::size_t{1} << 30;
 
-  std::size_t chunk_size = 256;        ///< C, a power of two.
+  std::size_t chunk_size = 256;        ///< C, a power of two up to 2^30.
   double fraction = 0.01;              ///< Share of chunks kept, in (0, 1], when `chunks` is from_fraction.
   std::size_t chunks = from_fraction;  ///< K, the number of chunks kept (0 sends no values).
-  bool verify_selection =
-      false;  ///< Debug: ranks compare a hash of their selections every step (waits for the device).
+  /// Debug: ranks compare a hash of their selections every step (one more
+  /// all-gather of 8 bytes per rank); ranks that differ all get
+  /// collective_error (on the CUDA space at the next call).
+  bool verify_selection = false;
 
   /// m = ceil(d / C), the number of chunks of a bucket of d elements.
-  std::size_t chunk_count(std::size_t d) const { return (d + chunk_size - 1) / chunk_size; }
+  std::size_t chunk_count(std::size_t d) const { return d / chunk_size + (d % chunk_size != 0); }
 
   /// K for a bucket of d elements.
   std::size_t kept_chunks(std::size_t d) const {
@@ -175,11 +189,12 @@ struct topk_chunked {
     return std::min(m, static_cast<std::size_t>(std::ceil(fraction * static_cast<double>(m))));
   }
 
-  /// Throws invalid_argument for a chunk size that is not a power of two, a
-  /// fraction outside (0, 1], or more chunks than the bucket has.
+  /// Throws invalid_argument for a chunk size that is not a power of two in
+  /// [1, 2^30], a fraction outside (0, 1], or more chunks than the bucket has.
   void validate(bucket_layout const& layout, int /*ranks*/) const {
-    GRADCOMP_EXPECTS(chunk_size != 0 && std::has_single_bit(chunk_size),
-                     "topk_chunked: chunk size " + std::to_string(chunk_size) + " is not a power of two");
+    GRADCOMP_EXPECTS(chunk_size != 0 && std::has_single_bit(chunk_size) && chunk_size <= max_chunk_size,
+                     "topk_chunked: chunk size " + std::to_string(chunk_size) +
+                         " is not a power of two in [1, 2^30]");
     GRADCOMP_EXPECTS(chunks != from_fraction || (fraction > 0.0 && fraction <= 1.0),
                      "topk_chunked: the fraction of chunks kept must be in (0, 1], got " + std::to_string(fraction));
     std::size_t const m = chunk_count(layout.size());
@@ -204,14 +219,13 @@ struct topk_chunked {
   /// Workspace pieces.
   template <class Memory>
   struct workspace {
-    span<std::uint64_t, Memory> counters;  ///< Bad-value counts (this rank, all ranks).
     span<Score, Memory> scores;            ///< m chunk scores.
     span<std::uint32_t, Memory> position;  ///< chunk -> rank in the payload, or not_selected.
     span<std::uint32_t, Memory> selected;  ///< rank -> chunk, ascending.
     span<Value, Memory> packed;            ///< K * C values.
     span<std::byte, Memory> scratch;       ///< The aggregator's.
     span<std::uint64_t, Memory> hashes;    ///< verify_selection: 1 + ranks.
-    detail::select_workspace<Memory> select;
+    span<std::byte, Memory> select;        ///< top_k's scratch.
   };
 
   /// Takes the workspace pieces (measures when the carver is empty).
@@ -219,14 +233,13 @@ struct topk_chunked {
   workspace<Memory> carve(workspace_carver<Memory>& w, bucket_layout const& layout, int ranks) const {
     std::size_t const m = chunk_count(layout.size()), k = kept_chunks(layout.size());
     workspace<Memory> ws;
-    ws.counters = w.template take<std::uint64_t>(2);
     ws.scores = w.template take<Score>(m);
     ws.position = w.template take<std::uint32_t>(m);
     ws.selected = w.template take<std::uint32_t>(k);
-    ws.packed = w.template take<Value>(k * chunk_size);
+    ws.packed = w.template take<Value>(detail::checked_mul(k, chunk_size, "topk_chunked: the payload"));
     ws.scratch = w.template take<std::byte>(Aggregator::scratch_bytes(ws.packed.size_bytes(), ranks));
     ws.hashes = w.template take<std::uint64_t>(verify_selection ? 1 + static_cast<std::size_t>(ranks) : 0);
-    ws.select = detail::carve_select(w, m, k);
+    ws.select = w.template take<std::byte>(top_k_scratch_bytes<Memory>(m));
     return ws;
   }
 
@@ -235,59 +248,44 @@ struct topk_chunked {
   std::size_t wire_bytes(bucket_layout const& layout, int ranks) const {
     std::size_t const values = kept_chunks(layout.size()) * chunk_size * sizeof(Value);
     return chunk_count(layout.size()) * sizeof(Score) + detail::aggregated_wire_bytes<Aggregator>(values, ranks) +
-           (verify_selection ? sizeof(std::uint64_t) * ranks : 0);
+           (verify_selection ? sizeof(std::uint64_t) * static_cast<std::size_t>(ranks) : 0);
   }
 
   /// One step: gradient <- the rank-mean of the chosen chunks, zero elsewhere.
   template <class Context>
   void step(Context& ctx, span<float, typename Context::memory> gradient) const {
     using EF = typename Context::error_feedback_ref;
-    auto carver = ctx.carver();
-    auto ws = carve<typename Context::aggregator>(carver, ctx.layout(), ctx.ranks());
+    using memory = typename Context::memory;
+    auto const ws = ctx.carve(*this);
     auto const& space = ctx.space();
+    auto const& ef = ctx.error_feedback();
     std::size_t const d = gradient.size(), m = ws.scores.size(), k = ws.selected.size();
     int const shift = std::countr_zero(chunk_size);
     float const ranks = static_cast<float>(ctx.ranks());
 
-    space.fill_zero(ws.counters.data(), ws.counters.size_bytes());
-    segment_sum_of_squares(space, d, chunk_size, detail::accumulated<EF>{gradient.data(), ctx.error_feedback()},
-                           detail::topkc_store_score<Score>{ws.scores.data()}, ws.counters.data());
-    ctx.agree_all_finite(ws.counters.data(), "NaN, infinite, or so large that a chunk's squared norm overflows");
+    segmented_reduce<reduction::sum_of_squares>(space, d, chunk_size, inputs(gradient, ef.previous()),
+                     detail::topkc_acc{detail::mean_codec<Value>::limit(ctx.ranks())},
+                     detail::topkc_store_score<Score>{ws.scores.data()}, {}, ctx.bad_count());
+    ctx.agree_all_finite(detail::mean_codec<Value>::out_of_range);
     ctx.all_reduce(ws.scores, reduce_op::sum);
 
-    parallel_for(space, m, detail::fill_u32{ws.position.data(), detail::not_selected});
-    detail::select_largest(space, m, k, detail::topkc_key<Score>{ws.scores.data()},
-                           detail::topkc_record{ws.selected.data(), ws.position.data()}, ws.select);
-    if (verify_selection) verify(ctx, ws);
+    transform(space, m, inputs(), outputs(ws.position), detail::fill_unselected{});
+    top_k(space, m, k, detail::topkc_key<Score>{ws.scores.data()},
+          detail::topkc_record{ws.selected.data(), ws.position.data()}, ws.select);
+    if (verify_selection) {
+      parallel_for(space, 1, detail::hash_selection{ws.selected.data(), k, ws.hashes.data()});
+      ctx.all_gather(span<std::uint64_t const, memory>(ws.hashes.subspan(0, 1)), ws.hashes.subspan(1, ctx.ranks()));
+      parallel_for(space, 1, detail::compare_selections{ws.hashes.data() + 1, ctx.ranks(), ctx.veto_word()});
+      ctx.fault_checked("topk_chunked: the ranks selected different chunks; the summed scores differ between ranks "
+                        "(a collective that does not return identical sums?)");
+    }
 
-    parallel_for(space, ws.packed.size(),
-                 detail::topkc_pack<Value, EF>{gradient.data(), ctx.error_feedback(), ws.selected.data(),
-                                               ws.packed.data(), d, shift, ranks});
+    transform(space, ws.packed.size(), inputs(), outputs(ws.packed),
+              detail::topkc_pack<Value, EF>{gradient.data(), ef, ws.selected.data(), d, shift, 1.0f / ranks});
     ctx.aggregate(ws.packed, ws.scratch);
-    parallel_for_chunks(space, d, chunk_size,
-                        detail::topkc_unpack<Value, EF>{gradient.data(), ctx.error_feedback(), ws.position.data(),
-                                                        ws.packed.data(), shift, ranks});
-  }
-
- private:
-  // Ranks all-gather a hash of their selections and compare: every rank
-  // reaches the same verdict, so they all throw together or none does.
-  template <class Context, class Memory>
-  void verify(Context& ctx, workspace<Memory> const& ws) const {
-    auto const& space = ctx.space();
-    std::vector<std::uint32_t> selected(ws.selected.size());
-    space.to_host(selected.data(), ws.selected.data(), selected.size() * sizeof(std::uint32_t));
-    std::uint64_t hash = detail::hash_seed;
-    for (std::uint32_t chunk : selected) hash = detail::hash_combine(hash, chunk);
-    space.from_host(ws.hashes.data(), &hash, sizeof hash);
-    ctx.all_gather(span<std::uint64_t const, Memory>(ws.hashes.subspan(0, 1)), ws.hashes.subspan(1, ctx.ranks()));
-    std::vector<std::uint64_t> all(ctx.ranks());
-    space.to_host(all.data(), ws.hashes.data() + 1, all.size() * sizeof(std::uint64_t));
-    for (int r = 1; r < ctx.ranks(); ++r)
-      if (all[r] != all[0])
-        throw collective_error("topk_chunked: rank " + std::to_string(r) +
-                               " selected different chunks from rank 0; the summed scores differ between ranks "
-                               "(a collective that does not return identical sums?)");
+    transform(space, d, inputs(gradient, ef.previous()), outputs(gradient, ef.next()),
+              detail::topkc_unpack<Value>{ws.position.data(), ws.packed.data(), shift, 1.0f / ranks, ranks},
+              {.when = ctx.output_gate()});
   }
 };
 

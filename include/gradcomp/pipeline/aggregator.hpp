@@ -16,7 +16,7 @@
 #include <string_view>
 #include <type_traits>
 
-namespace gradcomp {
+namespace gradcomp::inline GRADCOMP_ABI {
 
 /// Sums payloads with one all-reduce. Only for summable payloads.
 struct allreduce_aggregator {

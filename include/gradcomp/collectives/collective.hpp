@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <string_view>
 
-namespace gradcomp {
+namespace gradcomp::inline GRADCOMP_ABI {
 
 /// The reductions collectives support.
 enum class reduce_op { sum, max, min };
@@ -41,7 +41,10 @@ inline constexpr memory_kind memory_kind_of =
 /// Calls must be made by every rank in the same order with the same counts.
 /// A backend may complete them asynchronously (NCCL orders them on a CUDA
 /// stream); the host backends return when the data is in place. Each is a
-/// template over the element types of gradcomp::wire_type.
+/// template over the element types of gradcomp::wire_type. A failed
+/// collective throws collective_error; a backend never leaves a rank waiting
+/// forever on a peer that failed, where it can help it (local_group aborts
+/// the group, NCCL aborts the communicator).
 template <class C>
 concept collective = requires(C& c, C const& cc, float const* send, float* recv, std::size_t n) {
   { cc.rank() } -> std::convertible_to<int>;

@@ -1,0 +1,164 @@
+// transform: the element-wise pass every compressor is made of.
+//
+//   transform(space, n, inputs(g, e), outputs(payload, e_next), op, options)
+//
+// calls op(i, g[i], e[i], payload[i], e_next[i]) for every i in [0, n): op
+// reads the input values and assigns the outputs through references. An op
+// that returns bool marks an element bad (true), and options.count adds up
+// the bad ones; an op with bind() has it called once per thread before its
+// elements (to read a step's scalars from memory once). The streams are
+// pointers, spans or the kinds of <gradcomp/algorithm/streams.hpp>.
+//
+// Host: OpenMP threads over chunks of 2048 elements; inside a chunk every
+// stream is a plain array (noise drawn for the chunk first), so the element
+// loop vectorizes. CUDA (transform.cuh): a tile of 256 threads x `items` per
+// block, each thread's items loaded and stored as 16-byte vectors where the
+// stream's alignment allows (a scalar tail otherwise); `items` is chosen in
+// one place, transform_shape, from the bytes the pass reads per element.
+#pragma once
+
+#include <gradcomp/algorithm/streams.hpp>
+#include <gradcomp/execution.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+namespace gradcomp::inline GRADCOMP_ABI {
+
+/// What transform counts, and what may switch it off.
+struct transform_options {
+  /// Adds the number of elements op marked bad here (memory of the space).
+  std::uint64_t* count = nullptr;
+  /// The pass runs only while this gate is open (see gate).
+  gate when{};
+};
+
+namespace detail {
+
+/// Elements per host chunk: a multiple of 8 (whole Philox calls of noise).
+inline constexpr std::size_t host_chunk = 2048;
+
+template <class T>
+struct zero_cursor {
+  T operator[](std::size_t) const { return T{}; }
+};
+template <class T>
+struct discard_cursor {
+  T sink{};
+  T& operator[](std::size_t) { return sink; }
+};
+
+// Input cursors of one host chunk [begin, begin + len): element k at [k].
+template <class T>
+T const* host_input(T const* p, std::size_t begin, std::size_t, float*) {
+  return p + begin;
+}
+template <class T>
+T const* host_input(T* p, std::size_t begin, std::size_t, float*) {
+  return p + begin;
+}
+template <class T>
+zero_cursor<T> host_input(zeros<T>, std::size_t, std::size_t, float*) {
+  return {};
+}
+inline float const* host_input(rounding_noise const& noise, std::size_t begin, std::size_t len, float* uniforms) {
+  uint4x32 words[host_chunk / 8];
+  std::size_t const calls = (len + 7) / 8;
+  for (std::size_t k = 0; k < calls; ++k) words[k] = noise.stream(begin / 8 + k);  // vectorizes across calls
+  std::uint32_t const* w = &words[0].v[0];
+  for (std::size_t k = 0; k < calls * 8; ++k) uniforms[k] = to_unit_float16(w[k / 2] >> (16 * (k % 2)));
+  return uniforms;
+}
+
+template <class T>
+T* host_output(T* p, std::size_t begin) {
+  return p + begin;
+}
+template <class T>
+discard_cursor<T> host_output(discard<T>, std::size_t) {
+  return {};
+}
+
+template <class Op, class In, class Out, std::size_t... I, std::size_t... O>
+std::uint64_t host_chunk_run(Op const& op, In const& in, Out& out, std::size_t begin, std::size_t len,
+                             std::index_sequence<I...>, std::index_sequence<O...>) {
+  if constexpr (std::is_same_v<decltype(op(begin, get<I>(in)[0]..., get<O>(out)[0]...)), bool>) {
+    std::uint64_t bad = 0;
+    GRADCOMP_OMP(simd reduction(+ : bad))
+    for (std::size_t k = 0; k < len; ++k) bad += op(begin + k, get<I>(in)[k]..., get<O>(out)[k]...) ? 1u : 0u;
+    return bad;
+  } else {
+    GRADCOMP_OMP(simd)
+    for (std::size_t k = 0; k < len; ++k) op(begin + k, get<I>(in)[k]..., get<O>(out)[k]...);
+    return 0;
+  }
+}
+
+template <class T>
+void host_poison(T* p, std::size_t begin, std::size_t len) {
+  for (std::size_t k = 0; k < len; ++k) p[begin + k] = poison_value<T>();
+}
+template <class T>
+void host_poison(discard<T>, std::size_t, std::size_t) {}
+
+template <class Op, class... I, class... O, std::size_t... Is, std::size_t... Os>
+void host_transform(host_space const& space, std::size_t n, pack<I...> const& in, pack<O...> const& out, Op const& op,
+                    transform_options const& options, std::index_sequence<Is...> is, std::index_sequence<Os...> os) {
+  gate_state const state = read_gate(options.when);
+  if (n == 0 || state == gate_state::closed) return;
+  std::size_t const chunks = (n + host_chunk - 1) / host_chunk;
+  [[maybe_unused]] int const threads = space.threads_for(n);
+  std::uint64_t bad = 0;
+  GRADCOMP_OMP(parallel for schedule(static) num_threads(threads) reduction(+ : bad))
+  for (std::size_t c = 0; c < chunks; ++c) {
+    std::size_t const begin = c * host_chunk, len = begin + host_chunk <= n ? host_chunk : n - begin;
+    [[maybe_unused]] auto const rout = resolve_all(out);
+    if (state == gate_state::poisoned) {
+      (host_poison(get<Os>(rout), begin, len), ...);
+      continue;
+    }
+    [[maybe_unused]] auto const rin = resolve_all(in);
+    [[maybe_unused]] alignas(64) float uniforms[host_chunk];  // noise streams' chunk (each stream its own would need more; one suffices)
+    auto const cin = make_pack(host_input(get<Is>(rin), begin, len, uniforms)...);
+    auto cout = make_pack(host_output(get<Os>(rout), begin)...);
+    bad += host_chunk_run(bind_op(op), cin, cout, begin, len, is, os);
+  }
+  if (options.count != nullptr) *options.count += bad;
+}
+
+template <class Tag, class... T>
+struct cuda_transform {
+  static_assert(always_false<Tag, T...>,
+                "gradcomp's CUDA transform is compiled by nvcc: include <gradcomp/cuda.cuh> from a .cu file");
+};
+
+/// At most one noise stream per pass (its chunk of uniforms has one buffer).
+template <class... S>
+inline constexpr bool at_most_one_noise = (0 + ... + (std::is_same_v<S, rounding_noise> ? 1 : 0)) <= 1;
+
+}  // namespace detail
+
+/// Calls op(i, inputs[i]..., outputs[i]...) for every i in [0, n) on the
+/// host (see the top of this header).
+template <class Op, class... I, class... O>
+void transform(host_space const& space, std::size_t n, input_streams<I...> const& in, output_streams<O...> const& out,
+               Op const& op, transform_options const& options = {}) {
+  static_assert(detail::at_most_one_noise<I...>, "transform: one rounding_noise stream per pass");
+  detail::host_transform(space, n, in.streams, out.streams, op, options, std::index_sequence_for<I...>{},
+                         std::index_sequence_for<O...>{});
+}
+
+#if GRADCOMP_HAS_CUDA
+/// The same on the CUDA space, asynchronously on its stream
+/// (transform.cuh; options.count is device memory).
+template <class Op, class... I, class... O>
+void transform(cuda_space const& space, std::size_t n, input_streams<I...> const& in, output_streams<O...> const& out,
+               Op const& op, transform_options const& options = {}) {
+  detail::cuda_transform<detail::cuda_kernels_tag, Op, detail::pack<I...>, detail::pack<O...>>::run(
+      space, n, in.streams, out.streams, op, options);
+}
+#endif
+
+}  // namespace gradcomp

@@ -1,0 +1,122 @@
+// What the integer all-reduce quantizers (QSGD-MaxNorm and its variants,
+// IntSGD) share: the agreed bucket norm, signed stochastic rounding, the
+// residual after sending a code, and the lane-headroom check.
+//
+// Scales and units are doubles: a norm of values near 1e38 over a large
+// bucket, or of values near 1e-30, is out of float's range, but never out of
+// double's; the step's element math converts to float only at the end, and
+// IEEE double arithmetic is the same on host and device.
+#pragma once
+
+#include <gradcomp/algorithm/segmented_reduce.hpp>
+#include <gradcomp/collectives/collective.hpp>
+#include <gradcomp/config.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/types.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+namespace gradcomp::inline GRADCOMP_ABI::detail {
+
+template <class Lane>
+constexpr bool is_signed_code_lane = std::is_same_v<Lane, std::int8_t> || std::is_same_v<Lane, std::int32_t>;
+
+/// True for a finite float (false for NaN); a select, so loops vectorize.
+GRADCOMP_HOST_DEVICE bool is_finite(float x) { return (x >= -3.40282347e38f) & (x <= 3.40282347e38f); }
+/// x, or 0 when it is not finite: a bad value must not reach a
+/// float-to-integer conversion (the step is vetoed anyway).
+GRADCOMP_HOST_DEVICE float finite_or_zero(float x) { return is_finite(x) ? x : 0.0f; }
+
+/// |x| rounded to an integer at random, down or up with probability the
+/// fraction (unbiased), with x's sign; x finite and within the lane already.
+/// Truncation for floor (|x| >= 0) and single-step selects: loops vectorize.
+GRADCOMP_HOST_DEVICE std::int32_t signed_stochastic_round(double x, float u) {
+  double const magnitude = x < 0.0 ? -x : x;
+  std::int32_t const down = static_cast<std::int32_t>(magnitude);
+  std::int32_t const rounded = down + static_cast<std::int32_t>(u < magnitude - static_cast<double>(down));
+  std::int32_t const negative = -static_cast<std::int32_t>(x < 0.0);  // all ones when x < 0
+  return (rounded ^ negative) - negative;
+}
+
+/// x clamped to [-limit, limit] (single-step selects).
+GRADCOMP_HOST_DEVICE double clamp_symmetric(double x, double limit) {
+  x = x < -limit ? -limit : x;
+  return x > limit ? limit : x;
+}
+
+/// The scales of one step of a QSGD-style quantizer, from the agreed squared
+/// norm: x = acc x scale is the code before rounding, code x unit this rank's
+/// own decode, and sum x mean_unit the decoded mean of n ranks' codes.
+struct qsgd_scale {
+  double scale, unit, mean_unit;
+  GRADCOMP_HOST_DEVICE static qsgd_scale of(double squared_norm, double levels, double ranks) {
+    double const norm = sqrt(squared_norm);
+    return {norm > 0.0 ? levels / norm : 0.0, norm / levels, norm / (levels * ranks)};
+  }
+  /// acc's code: acc x scale clamped to +-limit, rounded at random with u.
+  GRADCOMP_HOST_DEVICE std::int32_t code(float acc, float u, double limit) const {
+    return signed_stochastic_round(clamp_symmetric(static_cast<double>(finite_or_zero(acc)) * scale, limit), u);
+  }
+  /// What is left of acc once `code` is sent (exact in double, then rounded).
+  GRADCOMP_HOST_DEVICE float residual(float acc, std::int32_t code) const {
+    return static_cast<float>(static_cast<double>(acc) - static_cast<double>(code) * unit);
+  }
+  /// The mean from the sum over ranks of the codes.
+  GRADCOMP_HOST_DEVICE float mean(double sum) const { return static_cast<float>(sum * mean_unit); }
+};
+
+/// acc = g + e of element i, bad when not finite: the norm passes' op.
+struct finite_acc {
+  GRADCOMP_HOST_DEVICE reduce_item operator()(std::size_t, float g, float e) const {
+    float const acc = g + e;
+    return {acc, !is_finite(acc)};
+  }
+};
+
+/// Counts the elements whose acc = g + e is not finite (an input-only pass).
+struct count_nonfinite {
+  GRADCOMP_HOST_DEVICE bool operator()(std::size_t, float g, float e) const { return !is_finite(g + e); }
+};
+
+/// Stores a segment total (a double) at out[j].
+struct store_total_at {
+  double* out;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t j, double total) const { out[j] = total; }
+};
+
+/// The largest |code| one rank may send so that the sum over `ranks` ranks
+/// always fits a signed Lane: floor(max(Lane) / ranks).
+template <class Lane>
+constexpr std::int64_t per_rank_headroom(int ranks) {
+  return static_cast<std::int64_t>(std::numeric_limits<Lane>::max()) / ranks;
+}
+
+/// Throws invalid_argument unless n ranks' codes of up to +-`largest` sum
+/// inside the Lane; the message names n, the bits and the lane.
+template <class Lane>
+void expect_lane_headroom(std::string_view who, int ranks, std::int64_t largest, int bits) {
+  std::int64_t const limit = std::numeric_limits<Lane>::max();
+  GRADCOMP_EXPECTS(largest * ranks <= limit,
+                   std::string(who) + ": " + std::to_string(ranks) + " ranks x codes up to +-" + std::to_string(largest) +
+                       " (" + std::to_string(bits) + " bits) sum beyond the " + std::string(name_of(dtype_of_v<Lane>)) +
+                       " lane (max " + std::to_string(limit) + "); use a wider lane, fewer bits or fewer ranks");
+}
+
+/// The norm round of the QSGD family: ||acc||^2 over the bucket (bad values
+/// counted), the agreement, then every rank takes the largest squared norm.
+template <class Context, class In>
+void agree_largest_squared_norm(Context& ctx, std::size_t n, In const& in, span<double, typename Context::memory> norm,
+                                span<std::byte, typename Context::memory> scratch) {
+  segmented_reduce<reduction::sum_of_squares>(ctx.space(), n, n, in, finite_acc{}, store_total_at{norm.data()},
+                   scratch, ctx.bad_count());
+  ctx.agree_all_finite("NaN or infinite");
+  ctx.all_reduce(norm, reduce_op::max);
+}
+
+}  // namespace gradcomp::detail

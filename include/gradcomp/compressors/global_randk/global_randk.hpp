@@ -1,0 +1,196 @@
+// GlobalRandK-MaxNorm (Vineeth S, arXiv 2109.12497): K coordinates drawn by
+// a random permutation from a stream every rank shares (the same coordinates
+// on every rank, new every step), QSGD-MaxNorm on them, zeros elsewhere;
+// error feedback keeps what was not sent.
+//
+// Per step: check pass [reads g, e]; gather the K coordinates' acc; their
+// norm and its all-reduce(max); encode [K codes, K residuals]; all-reduce(sum)
+// of the codes; output pass [reads g, e; writes g = 0, e = acc]; decode the K
+// coordinates [writes g, e at them].
+// Wire: K x sizeof(Lane) + 8.
+#pragma once
+
+#include <gradcomp/algorithm/transform.hpp>
+#include <gradcomp/compressors/detail/quantize.hpp>
+#include <gradcomp/compressors/qsgd/qsgd.hpp>
+#include <gradcomp/detail/hash.hpp>
+#include <gradcomp/pipeline/compressor.hpp>
+#include <gradcomp/random.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace gradcomp::inline GRADCOMP_ABI {
+namespace detail {
+
+template <class EF>
+struct randk_gather {  // coordinate j of the step and its acc
+  random_permutation pick;
+  float const* gradient;
+  EF ef;
+  struct bound {
+    random_permutation pick;
+    float const* gradient;
+    typename EF::bound ef;
+    GRADCOMP_HOST_DEVICE void operator()(std::size_t j, std::uint64_t& index, float& value) const {
+      std::uint64_t const i = pick(j);
+      index = i;
+      value = ef.accumulate(i, gradient[i]);
+    }
+  };
+  GRADCOMP_HOST_DEVICE bound bind() const { return {pick, gradient, ef.bind()}; }
+};
+
+struct value_if_finite {  // (already counted by the check pass)
+  GRADCOMP_HOST_DEVICE reduce_item operator()(std::size_t, float v) const { return {v, !is_finite(v)}; }
+};
+
+template <class Lane>
+struct randk_encode {  // value: acc in, acc - own decode out
+  double const* squared_norm;
+  double levels;
+  qsgd_scale k{};
+  GRADCOMP_HOST_DEVICE randk_encode bind() const { return {squared_norm, levels, qsgd_scale::of(*squared_norm, levels, 1)}; }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t, float acc, float u, Lane& code, float& residual) const {
+    std::int32_t const c = k.code(acc, u, levels);
+    code = static_cast<Lane>(c);
+    residual = k.residual(acc, c);
+  }
+};
+
+struct randk_unsent {  // every coordinate: output 0, residual acc (the drawn ones are overwritten next)
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t, float g, float e, float& out, float& e_next) const {
+    e_next = g + e;
+    out = 0.0f;
+  }
+};
+
+template <class Lane, class EF>
+struct randk_decode {  // the drawn coordinates: their mean, their residual
+  float* gradient;
+  EF ef;
+  double const* squared_norm;
+  double levels, ranks;
+  struct bound {
+    float* gradient;
+    typename EF::bound ef;
+    qsgd_scale k;
+    GRADCOMP_HOST_DEVICE void operator()(std::size_t, std::uint64_t i, Lane sum, float residual) const {
+      gradient[i] = k.mean(static_cast<double>(sum));
+      ef.update(i, residual);
+    }
+  };
+  GRADCOMP_HOST_DEVICE bound bind() const { return {gradient, ef.bind(), qsgd_scale::of(*squared_norm, levels, ranks)}; }
+};
+
+}  // namespace detail
+
+/// GlobalRandK-MaxNorm: QSGD-MaxNorm on K coordinates that every rank draws
+/// alike (see the top of this header).
+template <class Lane = std::int8_t>
+struct global_randk {
+  static_assert(detail::is_signed_code_lane<Lane>, "global_randk sums its codes in std::int8_t or std::int32_t lanes");
+
+  /// Name for messages and reports.
+  static constexpr std::string_view name = "global-randk";
+  /// The same coordinates on every rank: codes add element by element.
+  static constexpr bool summable_payload = true;
+
+  std::size_t k = 10000;                 ///< Coordinates sent per step (an empty bucket sends none).
+  int bits = 4;                          ///< s = 2^bits - 1 levels per sign.
+  std::optional<std::uint64_t> seed{};  ///< Seeds the coordinates and the noise; unset: the bucket's own.
+
+  /// s.
+  std::int64_t levels() const { return (std::int64_t{1} << bits) - 1; }
+  /// Coordinates sent from a bucket of d (none from an empty one).
+  std::size_t sent(std::size_t d) const { return d == 0 ? 0 : k; }
+
+  /// Throws invalid_argument for k outside 1..d (any k is fine for an empty
+  /// bucket), bits outside the lane, or n ranks whose summed codes could
+  /// overflow the lane.
+  void validate(bucket_layout const& layout, int ranks) const {
+    GRADCOMP_EXPECTS(layout.size() == 0 || (k >= 1 && k <= layout.size()),
+                     "global_randk: k = " + std::to_string(k) + " must be in 1..the bucket's " +
+                         std::to_string(layout.size()) + " elements");
+    qsgd_maxnorm<Lane>{bits, seed}.validate(layout, ranks);
+  }
+
+  /// Hash of the parameters.
+  std::uint64_t fingerprint() const {
+    std::uint64_t h = detail::hash_combine(detail::hash(name), k);
+    h = detail::hash_combine(h, static_cast<std::uint64_t>(bits));
+    h = detail::hash_optional(h, seed);
+    return detail::hash_combine(h, static_cast<std::uint64_t>(dtype_of_v<Lane>));
+  }
+
+  /// Workspace pieces.
+  template <class Memory>
+  struct workspace {
+    span<double, Memory> squared_norm;
+    span<std::byte, Memory> reduce;
+    span<std::uint64_t, Memory> indices;  ///< The step's coordinates.
+    span<float, Memory> values;           ///< Their acc, then their residual.
+    span<Lane, Memory> codes;
+    span<std::byte, Memory> scratch;
+  };
+
+  /// Takes the workspace pieces (measures when the carver is empty).
+  template <class Aggregator, class Memory>
+  workspace<Memory> carve(workspace_carver<Memory>& w, bucket_layout const& layout, int ranks) const {
+    std::size_t const count = sent(layout.size());
+    workspace<Memory> ws;
+    ws.squared_norm = w.template take<double>(1);
+    ws.reduce = w.template take<std::byte>(segmented_reduce_scratch_bytes(count, count));
+    ws.indices = w.template take<std::uint64_t>(count);
+    ws.values = w.template take<float>(count);
+    ws.codes = w.template take<Lane>(count);
+    ws.scratch = w.template take<std::byte>(Aggregator::scratch_bytes(ws.codes.size_bytes(), ranks));
+    return ws;
+  }
+
+  /// The norm and K codes.
+  template <class Aggregator>
+  std::size_t wire_bytes(bucket_layout const& layout, int ranks) const {
+    return layout.size() == 0 ? 0
+                              : sizeof(double) + detail::aggregated_wire_bytes<Aggregator>(k * sizeof(Lane), ranks);
+  }
+
+  /// One step: the drawn coordinates <- their rank-mean decoded codes, the
+  /// rest <- 0.
+  template <class Context>
+  void step(Context& ctx, span<float, typename Context::memory> gradient) const {
+    using EF = typename Context::error_feedback_ref;
+    auto const ws = ctx.carve(*this);
+    auto const& space = ctx.space();
+    auto const& ef = ctx.error_feedback();
+    std::size_t const d = gradient.size();
+    double const s = static_cast<double>(levels());
+    random_permutation const pick =
+        random_permutation::make(d, ctx.random(seed, random_purpose::coordinates, random_stream::shared));
+
+    transform(space, d, inputs(gradient, ef.previous()), outputs(), detail::count_nonfinite{},
+              {.count = ctx.bad_count()});
+    transform(space, k, inputs(), outputs(ws.indices, ws.values), detail::randk_gather<EF>{pick, gradient.data(), ef});
+    segmented_reduce<reduction::sum_of_squares>(space, k, k, inputs(ws.values), detail::value_if_finite{},
+                     detail::store_total_at{ws.squared_norm.data()}, ws.reduce);
+    ctx.agree_all_finite("NaN or infinite");
+    ctx.all_reduce(ws.squared_norm, reduce_op::max);
+    transform(space, k,
+              inputs(ws.values, rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
+              outputs(ws.codes, ws.values), detail::randk_encode<Lane>{ws.squared_norm.data(), s});
+    ctx.aggregate(ws.codes, ws.scratch);
+    gate const when = ctx.output_gate();
+    transform(space, d, inputs(gradient, ef.previous()), outputs(gradient, ef.next()), detail::randk_unsent{},
+              {.when = when});
+    transform(space, k, inputs(ws.indices, ws.codes, ws.values), outputs(),
+              detail::randk_decode<Lane, EF>{gradient.data(), ef, ws.squared_norm.data(), s,
+                                             static_cast<double>(ctx.ranks())},
+              {.when = when});
+  }
+};
+
+static_assert(compressor<global_randk<>>);
+
+}  // namespace gradcomp

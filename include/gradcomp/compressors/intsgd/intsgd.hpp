@@ -1,0 +1,224 @@
+// IntSGD (Mishchenko et al., "IntSGD: Adaptive Floatless Compression of
+// Stochastic Gradients", ICLR 2022): integers summed by all-reduce, scaled by
+// an alpha that every rank computes alike from values all ranks already
+// share, so the scale costs no communication.
+//
+// Per step, with acc = g + e and r the running mean of ||output||^2:
+//   alpha = alpha0 sqrt(d) / (sqrt(2n) sqrt(r + 1e-16))
+//   1. check pass [reads g, e] (the first step: the norm pass instead);
+//   2. encode pass [reads g, e; writes q, e]: q = round(alpha acc) (stochastic
+//      and unbiased, or to nearest), clamped to [-M/n, (M-1)/n] so the n-rank
+//      sum fits the lane (M = 128 for int8); e = acc - q / alpha.
+//   3. all-reduce(sum) of q in the Lane type.
+//   4. decode pass [reads sums; writes g]: g = sum / (n alpha).
+//   5. r <- beta r + (1 - beta) ||g||^2, from the summed integers in
+//      segmented_reduce's canonical order (identical on every rank, so alpha
+//      stays identical: checked bit for bit).
+// The first step has no r yet: it takes the largest ||acc||^2 over the ranks
+// (one 8-byte all-reduce(max), on that step only). r and alpha are doubles
+// (a squared norm of large gradients is out of float's range). Wire:
+// d x sizeof(Lane).
+#pragma once
+
+#include <gradcomp/algorithm/segmented_reduce.hpp>
+#include <gradcomp/algorithm/transform.hpp>
+#include <gradcomp/compressors/detail/quantize.hpp>
+#include <gradcomp/detail/hash.hpp>
+#include <gradcomp/pipeline/compressor.hpp>
+
+#include <bit>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace gradcomp::inline GRADCOMP_ABI {
+namespace detail {
+
+/// The kept state: [0] r, [1] the first step's agreed ||acc||^2, [2] this
+/// step's sum of squared integer sums.
+enum intsgd_word : std::size_t { intsgd_r = 0, intsgd_first = 1, intsgd_sums = 2, intsgd_words = 3 };
+
+/// alpha from r, and the clamp of one rank's integers.
+struct intsgd_scale {
+  double alpha0, dimension, ranks;
+  double low, high;  // -floor(M / n), floor((M - 1) / n)
+  GRADCOMP_HOST_DEVICE double alpha(double r) const {
+    return alpha0 * sqrt(dimension) / (sqrt(2.0 * ranks) * sqrt(r + 1e-16));
+  }
+};
+
+template <class Lane>
+struct intsgd_encode {
+  double const* r;  // the state word alpha derives from this step
+  intsgd_scale p;
+  double alpha = 0, inverse = 0;
+  GRADCOMP_HOST_DEVICE intsgd_encode bind() const {
+    intsgd_encode b = *this;
+    b.alpha = p.alpha(*r);
+    b.inverse = 1.0 / b.alpha;
+    return b;
+  }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t, float g, float e, float u, Lane& code, float& e_next) const {
+    float const acc = g + e;
+    double const x = clamp_symmetric(static_cast<double>(finite_or_zero(acc)) * alpha, p.high);
+    std::int32_t const q = signed_stochastic_round(x < p.low ? p.low : x, u);
+    code = static_cast<Lane>(q);
+    e_next = static_cast<float>(static_cast<double>(acc) - static_cast<double>(q) * inverse);
+  }
+  // Deterministic rounding: to nearest (u = 1/2: up when the fraction exceeds it).
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t i, float g, float e, Lane& code, float& e_next) const {
+    (*this)(i, g, e, 0.5f, code, e_next);
+  }
+};
+
+template <class Lane>
+struct intsgd_decode {
+  double const* r;
+  intsgd_scale p;
+  double mean = 0;  // 1 / (n alpha)
+  GRADCOMP_HOST_DEVICE intsgd_decode bind() const {
+    intsgd_decode b = *this;
+    b.mean = 1.0 / (p.ranks * p.alpha(*r));
+    return b;
+  }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t, Lane sum, float& g) const {
+    g = static_cast<float>(static_cast<double>(sum) * mean);
+  }
+};
+
+template <class Lane>
+struct lane_value {
+  GRADCOMP_HOST_DEVICE reduce_item operator()(std::size_t, Lane v) const { return {static_cast<float>(v), false}; }
+};
+
+struct intsgd_update {  // r <- beta r + (1 - beta) ||g||^2, kept only if finite
+  double* state;
+  bool first;
+  intsgd_scale p;
+  double beta;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
+    double const r = state[first ? intsgd_first : intsgd_r];
+    double const mean = 1.0 / (p.ranks * p.alpha(r));
+    double const next = beta * r + (1.0 - beta) * (state[intsgd_sums] * mean * mean);
+    state[intsgd_r] = next <= 1.79769313486231570e308 ? next : r;
+  }
+};
+
+}  // namespace detail
+
+/// IntSGD (see the top of this header).
+///
+/// \tparam Lane the summation lane: std::int8_t or std::int32_t.
+template <class Lane = std::int8_t>
+struct intsgd {
+  static_assert(detail::is_signed_code_lane<Lane>, "intsgd sums its integers in std::int8_t or std::int32_t lanes");
+
+  /// Name for messages and reports.
+  static constexpr std::string_view name = "intsgd";
+  /// Integers of every rank add element by element.
+  static constexpr bool summable_payload = true;
+
+  float alpha0 = 1.0f;                   ///< Scale of alpha.
+  float beta = 0.9f;                     ///< Decay of the running mean r of ||g||^2.
+  bool stochastic = true;                ///< Unbiased random rounding; false: to nearest.
+  std::optional<std::uint64_t> seed{};  ///< Seeds the rounding noise; unset: the bucket's own.
+
+  /// M: one past the largest lane value (int32 lanes: capped at 2^24, where
+  /// floats still hold every integer).
+  static constexpr std::int64_t lane_span() { return std::is_same_v<Lane, std::int8_t> ? 128 : std::int64_t{1} << 24; }
+
+  /// Throws invalid_argument for alpha0 <= 0, beta outside [0, 1), or n ranks
+  /// that leave no integer room per rank in the lane.
+  void validate(bucket_layout const&, int ranks) const {
+    GRADCOMP_EXPECTS(alpha0 > 0.0f, "intsgd: alpha0 must be positive");
+    GRADCOMP_EXPECTS(beta >= 0.0f && beta < 1.0f, "intsgd: beta must be in [0, 1)");
+    std::int64_t const high = (lane_span() - 1) / ranks;
+    GRADCOMP_EXPECTS(high >= 1, "intsgd: " + std::to_string(ranks) + " ranks leave no room in the " +
+                                    std::string(name_of(dtype_of_v<Lane>)) + " lane (" +
+                                    std::to_string(8 * sizeof(Lane)) + " bits): each rank's integers must stay in [" +
+                                    std::to_string(-(lane_span() / ranks)) + ", " + std::to_string(high) +
+                                    "] for the sum to fit; use a wider lane");
+  }
+
+  /// Hash of the parameters.
+  std::uint64_t fingerprint() const {
+    std::uint64_t h = detail::hash_combine(detail::hash(name), std::bit_cast<std::uint32_t>(alpha0));
+    h = detail::hash_combine(h, std::bit_cast<std::uint32_t>(beta));
+    h = detail::hash_combine(h, stochastic);
+    h = detail::hash_optional(h, seed);
+    return detail::hash_combine(h, static_cast<std::uint64_t>(dtype_of_v<Lane>));
+  }
+
+  /// Workspace pieces. `state` persists from step to step.
+  template <class Memory>
+  struct workspace {
+    span<double, Memory> state;  ///< See detail::intsgd_word.
+    span<std::byte, Memory> reduce;
+    span<Lane, Memory> codes;
+    span<std::byte, Memory> scratch;
+  };
+
+  /// Takes the workspace pieces (measures when the carver is empty).
+  template <class Aggregator, class Memory>
+  workspace<Memory> carve(workspace_carver<Memory>& w, bucket_layout const& layout, int ranks) const {
+    workspace<Memory> ws;
+    ws.state = w.template take<double>(detail::intsgd_words);
+    ws.reduce = w.template take<std::byte>(segmented_reduce_scratch_bytes(layout.size(), layout.size()));
+    ws.codes = w.template take<Lane>(layout.size());
+    ws.scratch = w.template take<std::byte>(Aggregator::scratch_bytes(ws.codes.size_bytes(), ranks));
+    return ws;
+  }
+
+  /// The integers (the first step adds 8 bytes).
+  template <class Aggregator>
+  std::size_t wire_bytes(bucket_layout const& layout, int ranks) const {
+    return detail::aggregated_wire_bytes<Aggregator>(layout.size() * sizeof(Lane), ranks);
+  }
+
+  /// The scale parameters on n ranks for a bucket of d.
+  detail::intsgd_scale scale_for(std::size_t d, int ranks) const {
+    return {alpha0, static_cast<double>(d), static_cast<double>(ranks), static_cast<double>(-(lane_span() / ranks)),
+            static_cast<double>((lane_span() - 1) / ranks)};
+  }
+
+  /// One step: gradient <- the mean over ranks of their integers / alpha.
+  template <class Context>
+  void step(Context& ctx, span<float, typename Context::memory> gradient) const {
+    auto const ws = ctx.carve(*this);
+    auto const& space = ctx.space();
+    auto const& ef = ctx.error_feedback();
+    std::size_t const d = gradient.size();
+    detail::intsgd_scale const p = scale_for(d, ctx.ranks());
+    bool const first = ctx.step() == 0;
+    double* const state = ws.state.data();
+    double const* const r = state + (first ? detail::intsgd_first : detail::intsgd_r);
+
+    if (first)  // r_0 = ||acc||^2, the largest over the ranks; also counts bad values
+      segmented_reduce<reduction::sum_of_squares>(space, d, d, inputs(gradient, ef.previous()), detail::finite_acc{},
+                       detail::store_total_at{state + detail::intsgd_first}, ws.reduce, ctx.bad_count());
+    else
+      transform(space, d, inputs(gradient, ef.previous()), outputs(), detail::count_nonfinite{},
+                {.count = ctx.bad_count()});
+    ctx.agree_all_finite("NaN or infinite");
+    if (first) ctx.all_reduce(ws.state.subspan(detail::intsgd_first, 1), reduce_op::max);
+
+    if (stochastic)
+      transform(space, d,
+                inputs(gradient, ef.previous(), rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
+                outputs(ws.codes, ef.next()), detail::intsgd_encode<Lane>{r, p});
+    else
+      transform(space, d, inputs(gradient, ef.previous()), outputs(ws.codes, ef.next()),
+                detail::intsgd_encode<Lane>{r, p});
+    ctx.aggregate(ws.codes, ws.scratch);
+    transform(space, d, inputs(ws.codes), outputs(gradient), detail::intsgd_decode<Lane>{r, p},
+              {.when = ctx.output_gate()});
+    segmented_reduce<reduction::sum_of_squares>(space, d, d, inputs(ws.codes), detail::lane_value<Lane>{},
+                     detail::store_total_at{state + detail::intsgd_sums}, ws.reduce);
+    transform(space, 1, inputs(), outputs(), detail::intsgd_update{state, first, p, beta}, {.when = ctx.state_gate()});
+  }
+};
+
+static_assert(compressor<intsgd<>>);
+
+}  // namespace gradcomp

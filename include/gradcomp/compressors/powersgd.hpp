@@ -1,4 +1,0 @@
-// PowerSGD low-rank compression.
-#pragma once
-
-#include <gradcomp/compressors/powersgd/powersgd.hpp>

@@ -1,0 +1,104 @@
+// PowerSGD's host products and orthogonalization: OpenMP loops.
+//
+// The two products are skinny (r is small): they read M once and are bound
+// by memory, not arithmetic. On the host they are OpenMP loops sharing the
+// threads of the other passes (a BLAS library's own thread pool fights them
+// for the cores, and OpenBLAS's GEMM is slow at r = 1: measured); on the GPU,
+// cuBLAS (powersgd.cuh).
+#pragma once
+
+#include <gradcomp/compressors/powersgd/math.hpp>
+#include <gradcomp/execution.hpp>
+
+#include <cstddef>
+
+#if GRADCOMP_HAS_OPENMP
+#include <omp.h>
+#endif
+
+namespace gradcomp::inline GRADCOMP_ABI::detail {
+
+/// Gram-Schmidt on `count` vectors of `length` elements; element i of vector
+/// k is at a[i * element_stride + k * vector_stride] (P: the columns of a
+/// row-major rows x r matrix; Q^T: its rows). Two passes ("twice is
+/// enough"): a single classical pass loses orthogonality in proportion to the
+/// matrix's condition number, and P P^T is then no projector. Norms and dot
+/// products accumulate in double.
+template <class Resources>
+void gram_schmidt(host_space const&, Resources&, float* a, std::size_t length, std::size_t count,
+                  std::size_t element_stride, std::size_t vector_stride, float eps) {
+  for (int pass = 0; pass < gram_schmidt_passes; ++pass) {
+    for (std::size_t k = 0; k < count; ++k) {
+      float* v = a + k * vector_stride;
+      double norm2 = 0.0;
+      for (std::size_t i = 0; i < length; ++i)
+        norm2 += static_cast<double>(v[i * element_stride]) * v[i * element_stride];
+      float const scale = gram_schmidt_scale(norm2, eps);
+      for (std::size_t i = 0; i < length; ++i) v[i * element_stride] *= scale;
+      for (std::size_t j = k + 1; j < count; ++j) {
+        float* w = a + j * vector_stride;
+        double dot = 0.0;
+        for (std::size_t i = 0; i < length; ++i)
+          dot += static_cast<double>(v[i * element_stride]) * w[i * element_stride];
+        float const projection = static_cast<float>(dot);
+        for (std::size_t i = 0; i < length; ++i) w[i * element_stride] -= projection * v[i * element_stride];
+      }
+    }
+  }
+}
+
+/// P = M Q, with Q stored transposed (q_t: rank x cols): one dot product of
+/// a row of M with each row of q_t.
+template <class Resources>
+void multiply_mq(host_space const& space, Resources&, float const* m, float const* q_t, float* p, std::size_t rows,
+                 std::size_t cols, std::size_t rank) {
+  [[maybe_unused]] int const threads = space.threads_for(rows * cols);
+  GRADCOMP_OMP(parallel for schedule(static) num_threads(threads))
+  for (std::size_t i = 0; i < rows; ++i) {
+    float const* row = m + i * cols;
+    for (std::size_t k = 0; k < rank; ++k) {
+      float const* q = q_t + k * cols;
+      float dot = 0.0f;
+      GRADCOMP_OMP(simd reduction(+ : dot))
+      for (std::size_t c = 0; c < cols; ++c) dot += row[c] * q[c];
+      p[i * rank + k] = dot;
+    }
+  }
+}
+
+/// Q^T = P^T M (q_t: rank x cols): each thread owns a slice of the columns
+/// and adds p[i, k] * M[i, slice] row by row.
+template <class Resources>
+void multiply_mtp(host_space const& space, Resources&, float const* m, float const* p, float* q_t, std::size_t rows,
+                  std::size_t cols, std::size_t rank) {
+  [[maybe_unused]] int const threads = space.threads_for(rows * cols);
+  GRADCOMP_OMP(parallel num_threads(threads)) {
+#if GRADCOMP_HAS_OPENMP
+    std::size_t const t = static_cast<std::size_t>(omp_get_thread_num());
+    std::size_t const team = static_cast<std::size_t>(omp_get_num_threads());
+#else
+    std::size_t const t = 0, team = 1;
+#endif
+    std::size_t const begin = cols * t / team, end = cols * (t + 1) / team;
+    for (std::size_t k = 0; k < rank; ++k)
+      for (std::size_t c = begin; c < end; ++c) q_t[k * cols + c] = 0.0f;
+    for (std::size_t i = 0; i < rows; ++i) {
+      float const* row = m + i * cols;
+      for (std::size_t k = 0; k < rank; ++k) {
+        float const pk = p[i * rank + k];
+        float* q = q_t + k * cols;
+        for (std::size_t c = begin; c < end; ++c) q[c] += pk * row[c];
+      }
+    }
+  }
+}
+
+/// The output pass of one matrix on the host: a row per iteration.
+template <class EF>
+void write_output(host_space const& space, std::size_t rows, std::size_t cols, psgd_output<EF> const& f) {
+  [[maybe_unused]] int const threads = space.threads_for(rows * cols);
+  GRADCOMP_OMP(parallel for schedule(static) num_threads(threads))
+  for (std::size_t r = 0; r < rows; ++r) f.row(r);
+}
+
+}  // namespace gradcomp::detail

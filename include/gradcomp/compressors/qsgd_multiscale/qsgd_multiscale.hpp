@@ -1,0 +1,224 @@
+// Two-scale (multi-scale) QSGD-MaxNorm (Vineeth S, arXiv 2109.12497): QSGD
+// with several resolutions s_j (default 6 and 10 bits) and int8 codes. Each
+// rank proposes, per coordinate, the finest scale whose code cannot exceed
+// its share of the int8 lane (floor(127 / n)); one all-reduce(min) of the
+// scale indices (uint8) makes the choice common (a coarser scale only
+// shrinks a code, so every rank's code still fits); codes are encoded and
+// decoded at the agreed scale. A coordinate too large even for the coarsest
+// scale saturates at the lane share; error feedback carries the clipped part.
+//
+// Per step: norm pass [reads g, e] and its all-reduce(max); propose pass
+// [reads g, e; writes index]; all-reduce(min) of the indices; encode pass
+// [reads g, e, index; writes codes, e]; all-reduce(sum) of the codes; decode
+// pass [reads codes, index; writes g].
+// Wire: d x (1 + 1) + 8 bytes, a 16-bit baseline's, which is what it must be
+// measured against.
+#pragma once
+
+#include <gradcomp/algorithm/transform.hpp>
+#include <gradcomp/compressors/detail/quantize.hpp>
+#include <gradcomp/detail/hash.hpp>
+#include <gradcomp/pipeline/compressor.hpp>
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace gradcomp::inline GRADCOMP_ABI {
+namespace detail {
+
+/// The multi-scale codec's scales, finest last.
+inline constexpr int max_scales = 4;
+struct multiscale_scales {
+  int count;
+  double levels[max_scales];  // s_j = 2^bits_j - 1, ascending
+  double share;               // the largest |code| of one rank: floor(127 / n)
+  double ranks;
+};
+
+/// a[j] by selects rather than an indexed load, so element loops vectorize
+/// and a GPU keeps the array in registers.
+GRADCOMP_HOST_DEVICE double pick(double const (&a)[max_scales], unsigned j) {
+  double x = a[0];
+  for (unsigned s = 1; s < max_scales; ++s) x = j == s ? a[s] : x;
+  return x;
+}
+
+/// The step's per-scale factors, from the agreed squared norm (qsgd_scale's).
+struct multiscale_factors {
+  double scale[max_scales], unit[max_scales], mean_unit[max_scales];
+  GRADCOMP_HOST_DEVICE static multiscale_factors of(multiscale_scales const& m, double squared_norm) {
+    multiscale_factors f{};
+    for (int j = 0; j < max_scales; ++j) {
+      qsgd_scale const k = qsgd_scale::of(squared_norm, j < m.count ? m.levels[j] : 1.0, m.ranks);
+      f.scale[j] = k.scale;
+      f.unit[j] = k.unit;
+      f.mean_unit[j] = k.mean_unit;
+    }
+    return f;
+  }
+};
+
+struct multiscale_propose {  // the finest scale whose code fits this rank's share
+  double const* squared_norm;
+  multiscale_scales m;
+  double scale[max_scales] = {};
+  GRADCOMP_HOST_DEVICE multiscale_propose bind() const {
+    multiscale_propose b = *this;
+    multiscale_factors const f = multiscale_factors::of(m, *squared_norm);
+    for (int j = 0; j < max_scales; ++j) b.scale[j] = f.scale[j];
+    return b;
+  }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t, float g, float e, std::uint8_t& index) const {
+    double const acc = finite_or_zero(g + e);
+    double const magnitude = acc < 0.0 ? -acc : acc;
+    // Scales ascend, so the finest that fits is the count of finer ones that
+    // fit; a fixed trip count lets loops vectorize.
+    std::int32_t finest = 0;
+    for (int j = 1; j < max_scales; ++j)
+      finest += static_cast<std::int32_t>((j < m.count) & (magnitude * scale[j] <= m.share));
+    index = static_cast<std::uint8_t>(finest);
+  }
+};
+
+struct multiscale_encode {
+  double const* squared_norm;
+  multiscale_scales m;
+  double scale[max_scales] = {}, unit[max_scales] = {};
+  GRADCOMP_HOST_DEVICE multiscale_encode bind() const {
+    multiscale_encode b = *this;
+    multiscale_factors const f = multiscale_factors::of(m, *squared_norm);
+    for (int j = 0; j < max_scales; ++j) b.scale[j] = f.scale[j], b.unit[j] = f.unit[j];
+    return b;
+  }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t, float g, float e, std::uint8_t index, float u, std::int8_t& code,
+                                       float& e_next) const {
+    float const acc = g + e;
+    qsgd_scale const k{pick(scale, index), pick(unit, index), 0.0};
+    std::int32_t const c = k.code(acc, u, m.share);
+    code = static_cast<std::int8_t>(c);
+    e_next = k.residual(acc, c);
+  }
+};
+
+struct multiscale_decode {
+  double const* squared_norm;
+  multiscale_scales m;
+  double mean_unit[max_scales] = {};
+  GRADCOMP_HOST_DEVICE multiscale_decode bind() const {
+    multiscale_decode b = *this;
+    multiscale_factors const f = multiscale_factors::of(m, *squared_norm);
+    for (int j = 0; j < max_scales; ++j) b.mean_unit[j] = f.mean_unit[j];
+    return b;
+  }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t, std::int8_t sum, std::uint8_t index, float& g) const {
+    g = static_cast<float>(static_cast<double>(sum) * pick(mean_unit, index));
+  }
+};
+
+}  // namespace detail
+
+/// QSGD-MaxNorm with several resolutions and a per-coordinate scale agreed
+/// by all ranks (see the top of this header). Codes sum in int8 lanes.
+struct qsgd_multiscale {
+  /// Name for messages and reports.
+  static constexpr std::string_view name = "qsgd-multiscale";
+  /// Integer codes at agreed scales add element by element.
+  static constexpr bool summable_payload = true;
+
+  /// Bits of each scale, ascending (coarsest first); 0 ends the list.
+  std::array<int, detail::max_scales> bits{6, 10, 0, 0};
+  std::optional<std::uint64_t> seed{};  ///< Seeds the rounding noise; unset: the bucket's own.
+
+  /// Scales in use.
+  int scales() const {
+    int count = 0;
+    while (count < detail::max_scales && bits[count] != 0) ++count;
+    return count;
+  }
+
+  /// Throws invalid_argument for scales that are not ascending in 1..24, or
+  /// more than 127 ranks (no int8 room for a single level per rank).
+  void validate(bucket_layout const&, int ranks) const {
+    int const count = scales();
+    GRADCOMP_EXPECTS(count >= 1, "qsgd_multiscale: no scales given");
+    for (int j = 0; j < count; ++j)
+      GRADCOMP_EXPECTS(bits[j] >= 1 && bits[j] <= 24 && (j == 0 || bits[j] > bits[j - 1]),
+                       "qsgd_multiscale: scale bits must ascend within 1..24 (scale " + std::to_string(j) + " has " +
+                           std::to_string(bits[j]) + ")");
+    detail::expect_lane_headroom<std::int8_t>("qsgd_multiscale", ranks, 1, bits[0]);
+  }
+
+  /// Hash of the parameters.
+  std::uint64_t fingerprint() const {
+    std::uint64_t h = detail::hash(name);
+    for (int b : bits) h = detail::hash_combine(h, static_cast<std::uint64_t>(b));
+    return detail::hash_optional(h, seed);
+  }
+
+  /// Workspace pieces.
+  template <class Memory>
+  struct workspace {
+    span<double, Memory> squared_norm;
+    span<std::byte, Memory> reduce;
+    span<std::uint8_t, Memory> index;  ///< Proposed, then agreed, scale per coordinate.
+    span<std::int8_t, Memory> codes;
+    span<std::byte, Memory> scratch;
+  };
+
+  /// Takes the workspace pieces (measures when the carver is empty).
+  template <class Aggregator, class Memory>
+  workspace<Memory> carve(workspace_carver<Memory>& w, bucket_layout const& layout, int ranks) const {
+    workspace<Memory> ws;
+    ws.squared_norm = w.template take<double>(1);
+    ws.reduce = w.template take<std::byte>(segmented_reduce_scratch_bytes(layout.size(), layout.size()));
+    ws.index = w.template take<std::uint8_t>(layout.size());
+    ws.codes = w.template take<std::int8_t>(layout.size());
+    ws.scratch = w.template take<std::byte>(Aggregator::scratch_bytes(ws.codes.size_bytes(), ranks));
+    return ws;
+  }
+
+  /// The norm, the scale indices (all-reduce min) and the codes.
+  template <class Aggregator>
+  std::size_t wire_bytes(bucket_layout const& layout, int ranks) const {
+    return sizeof(double) + layout.size() + detail::aggregated_wire_bytes<Aggregator>(layout.size(), ranks);
+  }
+
+  /// The scales of a step on n ranks.
+  detail::multiscale_scales scales_for(int ranks) const {
+    detail::multiscale_scales m{};
+    m.count = scales();
+    for (int j = 0; j < m.count; ++j) m.levels[j] = static_cast<double>((std::int64_t{1} << bits[j]) - 1);
+    m.share = static_cast<double>(detail::per_rank_headroom<std::int8_t>(ranks));
+    m.ranks = static_cast<double>(ranks);
+    return m;
+  }
+
+  /// One step: gradient <- the mean over ranks of their decoded codes.
+  template <class Context>
+  void step(Context& ctx, span<float, typename Context::memory> gradient) const {
+    auto const ws = ctx.carve(*this);
+    auto const& space = ctx.space();
+    auto const& ef = ctx.error_feedback();
+    std::size_t const d = gradient.size();
+    detail::multiscale_scales const m = scales_for(ctx.ranks());
+    double const* norm = ws.squared_norm.data();
+
+    detail::agree_largest_squared_norm(ctx, d, inputs(gradient, ef.previous()), ws.squared_norm, ws.reduce);
+    transform(space, d, inputs(gradient, ef.previous()), outputs(ws.index), detail::multiscale_propose{norm, m});
+    ctx.all_reduce(ws.index, reduce_op::min);
+    transform(space, d,
+              inputs(gradient, ef.previous(), ws.index,
+                     rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
+              outputs(ws.codes, ef.next()), detail::multiscale_encode{norm, m});
+    ctx.aggregate(ws.codes, ws.scratch);
+    transform(space, d, inputs(ws.codes, ws.index), outputs(gradient), detail::multiscale_decode{norm, m},
+              {.when = ctx.output_gate()});
+  }
+};
+
+static_assert(compressor<qsgd_multiscale>);
+
+}  // namespace gradcomp

@@ -1,0 +1,275 @@
+// THC's block passes: a step's encode (acc -> rotated, scaled, rounded lane
+// values, and this rank's residual) and decode (summed lane values -> the
+// output), one rotation block at a time. The host runs a block per OpenMP
+// iteration with the block in a stack buffer (two butterfly stages per pass,
+// so the rotation runs in cache); the CUDA kernels (thc.cuh) run the same
+// steps with a thread block sharing the block in shared memory.
+//
+// Scales are applied where no intermediate can overflow: acc times the
+// forward scale (sqrt(coordinates) / group norm, times 2^(-stages/2)) before
+// the rotation, whose unnormalized butterflies then grow nothing past
+// sqrt(group) * 2^(stages/2); the backward scale after the inverse rotation.
+#pragma once
+
+#include <gradcomp/algorithm/streams.hpp>
+#include <gradcomp/compressors/thc/math.hpp>
+#include <gradcomp/execution.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+namespace gradcomp::inline GRADCOMP_ABI::detail {
+
+/// The clamp T for an overflow frequency o: T = Phi^-1(1 - 1/(2o)), the
+/// point a standard normal coordinate exceeds in magnitude once in o.
+inline float thc_clamp_for(double overflow) {
+  double lo = 0, hi = 40;  // bisection on erfc(T / sqrt 2) = 1 / o
+  for (int i = 0; i < 200; ++i) {
+    double const mid = (lo + hi) / 2;
+    (std::erfc(mid / std::sqrt(2.0)) > 1.0 / overflow ? lo : hi) = mid;
+  }
+  return static_cast<float>((lo + hi) / 2);
+}
+
+/// What every block of a step needs to know.
+struct thc_block_params {
+  std::size_t n;        // elements in the bucket
+  std::size_t block;    // B
+  int stages;           // butterfly stages
+  std::size_t group;    // G
+  double const* norms;  // squared norms, max over ranks, per group
+  double rotation;      // 2^(-stages/2): makes the unnormalized butterflies orthonormal
+  thc_codec codec;
+  random_stream shared;  // signs
+  random_stream mine;    // this rank's rounding noise
+  float sum_step;        // 2T / (top x n): a lane sum of n ranks' values to z, with one fused multiply-add
+
+  /// Coordinates of block b's group, and the group's norm (double).
+  GRADCOMP_HOST_DEVICE double group_coordinates(std::size_t b) const {
+    std::size_t const g = b * block / group, padded = (n + block - 1) / block * block;
+    return static_cast<double>((g + 1) * group <= padded ? group : padded - g * group);
+  }
+  /// sqrt(coordinates in the group) / max norm x rotation, or 0 for a zero group.
+  GRADCOMP_HOST_DEVICE float forward_scale(std::size_t b) const {
+    double const norm = sqrt(norms[b * block / group]);
+    return norm > 0.0 ? static_cast<float>(sqrt(group_coordinates(b)) / norm * rotation) : 0.0f;
+  }
+  /// max norm / sqrt(coordinates in the group) x rotation.
+  GRADCOMP_HOST_DEVICE float backward_scale(std::size_t b) const {
+    return static_cast<float>(sqrt(norms[b * block / group]) / sqrt(group_coordinates(b)) * rotation);
+  }
+};
+
+/// The signs of a block into `signs`: 128 per Philox call where the block
+/// allows (B >= 128), else one call per element.
+inline void host_signs(thc_block_params const& p, std::size_t first, float* signs) {
+  if (p.block >= 128) {
+    for (std::size_t t = 0; t < p.block; t += 128) thc_signs128(p.shared, first + t, signs + t);
+  } else {
+    for (std::size_t t = 0; t < p.block; ++t) signs[t] = thc_sign(p.shared, first + t);
+  }
+}
+
+/// One butterfly stage over a host block, pairs `half` apart, in runs of
+/// `half` contiguous pairs: thc_butterfly's arithmetic, pair for pair. A
+/// compile-time Half lets the compiler vectorize the short strides.
+template <std::size_t Half>
+void host_stage(float* block, std::size_t size, std::size_t half = Half) {
+  for (std::size_t base = 0; base < size; base += 2 * half) {
+    float* __restrict lo = block + base;
+    float* __restrict hi = block + base + half;
+    for (std::size_t j = 0; j < half; ++j) {
+      float const a = lo[j], b = hi[j];
+      lo[j] = a + b;
+      hi[j] = a - b;
+    }
+  }
+}
+
+/// Two stages (pairs `half`, then 2 `half` apart) in one pass over the block:
+/// the same adds and subtracts as two host_stage calls, so the same bits,
+/// with half the loads and stores.
+template <std::size_t Half>
+void host_stage_pair(float* block, std::size_t size, std::size_t half = Half) {
+  for (std::size_t base = 0; base < size; base += 4 * half) {
+    float* __restrict q0 = block + base;
+    float* __restrict q1 = q0 + half;
+    float* __restrict q2 = q1 + half;
+    float* __restrict q3 = q2 + half;
+    for (std::size_t j = 0; j < half; ++j) {
+      float const a = q0[j], b = q1[j], c = q2[j], d = q3[j];
+      float const ab = a + b, a_b = a - b, cd = c + d, c_d = c - d;
+      q0[j] = ab + cd;
+      q2[j] = ab - cd;
+      q1[j] = a_b + c_d;
+      q3[j] = a_b - c_d;
+    }
+  }
+}
+
+/// The first `stages` butterfly stages on a host block, two per pass.
+inline void host_rotate(float* block, std::size_t size, int stages) {
+  int s = 0;
+  for (; s + 2 <= stages; s += 2) {
+    switch (s) {
+      case 0:
+        host_stage_pair<1>(block, size);
+        break;
+      case 2:
+        host_stage_pair<4>(block, size);
+        break;
+      default:
+        host_stage_pair<0>(block, size, std::size_t{1} << s);
+        break;
+    }
+  }
+  if (s < stages) {
+    switch (s) {
+      case 0:
+        host_stage<1>(block, size);
+        break;
+      case 2:
+        host_stage<4>(block, size);
+        break;
+      default:
+        host_stage<0>(block, size, std::size_t{1} << s);
+        break;
+    }
+  }
+}
+
+/// This rank's rounding noise for a host block: the Philox blocks its
+/// elements [first, first + size) draw from, in one loop (which vectorizes).
+/// Element first + t takes words[(first + t) / share - first / share].
+inline void host_noise(random_stream const& mine, std::size_t first, std::size_t size, bool table, uint4x32* words) {
+  std::size_t const share = thc_noise_share(table), begin = first / share, end = (first + size - 1) / share + 1;
+  for (std::size_t k = 0; k < end - begin; ++k) words[k] = mine(begin + k);
+}
+
+/// Encode: one block from acc to lane values, keeping this rank's residual
+/// (e = acc - what its own values decode to).
+template <class Lane, class EF>
+struct thc_encode {
+  thc_block_params p;
+  float const* gradient;
+  EF ef;
+  Lane* levels;
+
+  // Host: the block in `buffer`, its signs in `signs`, acc in `accs` (B
+  // floats each). The random numbers come one Philox call per 128 signs and
+  // per 8 (uniform) or 4 (table) roundings.
+  void block(std::size_t b, float* buffer, float* signs, float* accs, uint4x32* noise) const {
+    std::size_t const first = b * p.block;
+    std::size_t const inside = first + p.block <= p.n ? p.block : (first < p.n ? p.n - first : 0);
+    auto const e = ef.bind();                      // a local copy: its pointers stay in registers, the loops vectorize
+    float const* __restrict g = gradient + first;  // (only read while it lives)
+    float* __restrict acc = accs;
+    float* x = buffer;  // (no __restrict: the rotations below write the block too)
+    float const* sign = signs;
+    float const forward = p.forward_scale(b), backward = p.backward_scale(b);
+    host_signs(p, first, signs);
+    for (std::size_t t = 0; t < inside; ++t) acc[t] = e.accumulate(first + t, g[t]);
+    for (std::size_t t = 0; t < inside; ++t) x[t] = thc_finite_or_zero(acc[t]) * sign[t] * forward;
+    for (std::size_t t = inside; t < p.block; ++t) x[t] = 0.0f;
+    host_rotate(buffer, p.block, p.stages);
+    host_noise(p.mine, first, p.block, p.codec.table, noise);
+    if (p.codec.table || first % thc_noise_share(false) != 0) {
+      std::size_t const share = thc_noise_share(p.codec.table);
+      for (std::size_t t = 0; t < p.block; ++t) quantize(buffer, first, t, noise[(first + t) / share - first / share]);
+    } else {  // the same values as quantize(), in a loop that vectorizes: element t draws 16-bit uniform t
+      // Scalars and __restrict: a byte store may alias anything, which would
+      // otherwise force every parameter to be reloaded, element by element.
+      float const clamp = p.codec.clamp, top = p.codec.top;
+      std::size_t const size = p.block;
+      float* __restrict z = buffer;
+      Lane* __restrict out = levels + first;
+      static_assert(std::endian::native == std::endian::little, "the 16-bit uniforms are read as halves of words");
+      auto const* __restrict halves = reinterpret_cast<std::uint16_t const*>(noise);
+      for (std::size_t t = 0; t < size; ++t) {
+        float const u = to_unit_float16(halves[t]);  // uniform16(noise[t / 8], t % 8)
+        std::uint32_t const value = thc_round(z[t], u, clamp, top);
+        out[t] = static_cast<Lane>(value);
+        z[t] = thc_unround(static_cast<float>(value), clamp, top);
+      }
+    }
+    host_rotate(buffer, p.block, p.stages);
+    for (std::size_t t = 0; t < inside; ++t) e.update(first + t, acc[t] - thc_restore(x[t], backward, sign[t]));
+  }
+
+  // Rotated coordinate -> lane value; the block keeps this rank's own decode
+  // (in rotated units). `words` is the Philox block element first + t draws
+  // from (thc_noise).
+  GRADCOMP_HOST_DEVICE void quantize(float* buffer, std::size_t first, std::size_t t, uint4x32 const& words) const {
+    float u1, u2;
+    thc_noise(words, first + t, p.codec.table, u1, u2);
+    std::uint32_t const value = p.codec.encode(buffer[t], u1, u2);
+    levels[first + t] = static_cast<Lane>(value);
+    buffer[t] = p.codec.decode(static_cast<float>(value));
+  }
+};
+
+/// Decode: summed lane values of one block to the averaged output.
+template <class Lane>
+struct thc_decode {
+  thc_block_params p;
+  Lane const* summed;
+  float* gradient;
+
+  void block(std::size_t b, float* buffer, float* signs, float*, uint4x32*) const {
+    std::size_t const first = b * p.block;
+    float const backward = p.backward_scale(b);
+    for (std::size_t t = 0; t < p.block; ++t) dequantize(buffer, first, t);
+    host_rotate(buffer, p.block, p.stages);
+    host_signs(p, first, signs);
+    float* __restrict out = gradient + first;
+    float const* __restrict x = buffer;
+    float const* __restrict sign = signs;
+    for (std::size_t t = 0; t < p.block && first + t < p.n; ++t) out[t] = thc_restore(x[t], backward, sign[t]);
+  }
+  GRADCOMP_HOST_DEVICE void dequantize(float* buffer, std::size_t first, std::size_t t) const {
+    buffer[t] = fused(static_cast<float>(summed[first + t]), p.sum_step, -p.codec.clamp);
+  }
+  GRADCOMP_HOST_DEVICE void store(float const* buffer, std::size_t first, std::size_t t, float backward,
+                                  float sign) const {
+    gradient[first + t] = thc_restore(buffer[t], backward, sign);
+  }
+  /// A vetoed step under nonfinite_policy::propagate: NaN everywhere.
+  void poison() const {
+    for (std::size_t i = 0; i < p.n; ++i) gradient[i] = poison_value<float>();
+  }
+};
+
+/// Runs f.block(b, buffer) for every rotation block on the host, in
+/// parallel, while `when` is open.
+template <class F>
+void for_each_block(host_space const& space, std::size_t blocks, std::size_t block_size, F const& f, gate when = {}) {
+  gate_state const state = read_gate(when);
+  if (state == gate_state::poisoned) {
+    if constexpr (requires { f.poison(); }) f.poison();
+  }
+  if (state != gate_state::open) return;
+  [[maybe_unused]] int const threads = space.threads_for(blocks * block_size);
+  GRADCOMP_OMP(parallel num_threads(threads)) {
+    alignas(64) float buffer[4096], signs[4096], accs[4096];  // the largest rotation block
+    uint4x32 noise[4096 / 4 + 1];
+    GRADCOMP_OMP(for schedule(static))
+    for (std::size_t b = 0; b < blocks; ++b) f.block(b, buffer, signs, accs, noise);
+  }
+}
+
+template <class Tag, class Dependent = void>
+struct thc_device {
+  static_assert(always_false<Tag, Dependent>,
+                "THC's CUDA kernels are compiled by nvcc: include <gradcomp/cuda.cuh> from a .cu file");
+};
+
+#if GRADCOMP_HAS_CUDA
+template <class F>
+void for_each_block(cuda_space const& space, std::size_t blocks, std::size_t block_size, F const& f, gate when = {}) {
+  thc_device<cuda_kernels_tag, F>::for_each_block(space, blocks, block_size, f, when);
+}
+#endif
+
+}  // namespace gradcomp::detail

@@ -1,0 +1,312 @@
+// The pipeline: one bucket's compressed all-reduce, with its state.
+#pragma once
+
+#include <gradcomp/bucket_layout.hpp>
+#include <gradcomp/collectives/collective.hpp>
+#include <gradcomp/detail/hash.hpp>
+#include <gradcomp/execution.hpp>
+#include <gradcomp/pipeline/aggregator.hpp>
+#include <gradcomp/pipeline/compressor.hpp>
+#include <gradcomp/pipeline/error_feedback.hpp>
+#include <gradcomp/pipeline/nonfinite.hpp>
+#include <gradcomp/pipeline/step_context.hpp>
+#include <gradcomp/pipeline/verdict.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace gradcomp::inline GRADCOMP_ABI {
+
+#if GRADCOMP_HAS_CUDA
+class nccl_communicator;  // <gradcomp/collectives/nccl.hpp>
+/// The collective allreducer uses unless told otherwise: NCCL.
+using default_collective = nccl_communicator;
+#else
+/// Stands in for NCCL where CUDA is absent; naming a collective is required.
+struct no_default_collective;
+/// The collective allreducer uses unless told otherwise (none without CUDA).
+using default_collective = no_default_collective;
+#endif
+
+/// The execution space that suits a collective's buffers: the host unless
+/// the collective's backend overloads default_space (NCCL: its CUDA stream).
+template <class Collective>
+host_space default_space(Collective const&) {
+  return {};
+}
+
+/// The type default_space returns for Collective.
+template <class Collective>
+using default_space_t = decltype(default_space(std::declval<Collective const&>()));
+
+/// Options of an allreducer that are not the compressor's parameters.
+struct allreducer_options {
+  /// What a step does with NaN, infinity or out-of-lane values.
+  nonfinite_policy nonfinite = nonfinite_policy::raise;
+  /// This bucket's position in the model: buckets of the same shapes draw
+  /// different random numbers when their compressor sets no seed.
+  std::uint64_t bucket = 0;
+  /// Seeds this bucket's random streams when the compressor sets no seed;
+  /// unset: derived from the bucket's identity (its layout and `bucket`).
+  std::optional<std::uint64_t> seed{};
+};
+
+namespace detail {
+template <class T, class = void>
+inline constexpr bool is_complete = false;
+template <class T>
+inline constexpr bool is_complete<T, std::void_t<decltype(sizeof(T))>> = true;
+}  // namespace detail
+
+/// Reduces one bucket of gradients across ranks through a compressor:
+/// afterwards every rank holds the mean over ranks of what their payloads
+/// decode to, in place.
+///
+/// Owns the bucket's state: the error-feedback residual, the workspace and
+/// the compressor's resources (all sized once here: steps never allocate),
+/// the step's status words, the count of committed steps. Move-only. The
+/// collective is borrowed and must outlive the allreducer. Construction is
+/// collective: every rank constructs its allreducer together, and if any
+/// rank cannot use the configuration (bad parameters, a size that
+/// overflows, no memory) or the ranks' buckets or configurations differ,
+/// every rank throws invalid_argument naming the first rank at fault.
+///
+/// \tparam Compressor    fp32, bf16, topk_chunked<>, ... (gradcomp::compressor).
+/// \tparam ErrorFeedback error_feedback::none or error_feedback::residual.
+/// \tparam Collective    nccl_communicator (default), mpi_communicator,
+///                       local_group::communicator, or a user's backend.
+/// \tparam Aggregator    all-reduce for summable payloads (default), or
+///                       all-gather.
+/// \tparam Space         host_space, or cuda_space (the default for NCCL).
+template <class Compressor, class ErrorFeedback, class Collective = default_collective,
+          class Aggregator = default_aggregator_t<Compressor>, class Space = default_space_t<Collective>>
+class allreducer {
+  static_assert(detail::is_complete<Collective>,
+                "allreducer's default collective is NCCL: include <gradcomp/collectives/nccl.hpp> and link "
+                "gradcomp::nccl, or name a collective, e.g. allreducer<C, EF, local_group::communicator>");
+  static_assert(compressor<Compressor>, "the first template argument must satisfy gradcomp::compressor");
+  static_assert(error_feedback::policy<ErrorFeedback>,
+                "the second template argument must be an error-feedback policy (error_feedback::none or "
+                "error_feedback::residual)");
+  static_assert(collective<Collective>, "the third template argument must satisfy gradcomp::collective");
+  static_assert(execution_space<Space>, "the last template argument must be an execution space");
+  static_assert(can_aggregate<Compressor, Aggregator>,
+                "this compressor's payload cannot be summed element by element, so all-reduce cannot combine it: "
+                "use gradcomp::allgather_aggregator");
+
+ public:
+  using memory = typename Space::memory;  ///< Where gradients live.
+
+  /// Sets up the bucket described by `layout` for this rank of `collective`,
+  /// in the collective's default space.
+  allreducer(Compressor compressor, Collective& collective, bucket_layout layout, allreducer_options options = {})
+      : allreducer(std::move(compressor), collective, std::move(layout), default_space(collective), options) {}
+
+  /// The same, running in `space`.
+  /// @note Waits for the space: construction exchanges the configuration.
+  allreducer(Compressor compressor, Collective& collective, bucket_layout layout, Space space,
+             allreducer_options options = {})
+      : compressor_(std::move(compressor)),
+        collective_(&collective),
+        layout_(std::move(layout)),
+        space_(space),
+        options_(options),
+        bucket_seed_(options.seed.value_or(detail::mix64(layout_.fingerprint() ^ detail::mix64(options.bucket + 1)))),
+        status_(detail::status_words, space_),
+        channel_(space_) {
+    GRADCOMP_EXPECTS(collective.accepts(memory_kind_of<memory>),
+                     std::string("allreducer: this collective does not accept ") + memory::name +
+                         " memory (an MPI communicator must be declared CUDA-aware for device buffers)");
+    if constexpr (requires {
+                    collective.stream();
+                    space.stream;
+                  })
+      GRADCOMP_EXPECTS(collective.stream() == space.stream,
+                       "allreducer: the execution space's CUDA stream differs from the collective's; kernels and "
+                       "collectives must be ordered on one stream");
+    std::string failure;
+    try {
+      compressor_.validate(layout_, collective.size());
+      workspace_carver<memory> measure;
+      compressor_.template carve<Aggregator>(measure, layout_, collective.size());
+      ef_.emplace(space_, layout_.size());
+      workspace_ = buffer<std::byte, Space>(measure.bytes(), space_);
+      space_.fill_zero(workspace_.data(), measure.bytes());
+      resources_.emplace(space_);
+    } catch (std::exception const& e) {
+      failure = *e.what() != '\0' ? e.what() : "an exception without a message";
+    }
+    agree_on_configuration(failure);
+    space_.fill_zero(status_.data(), status_.size() * sizeof(std::uint64_t));
+  }
+
+  /// Reduces `gradient` (layout().size() values) in place: on return (on
+  /// the CUDA space, once the stream reaches this point) it holds the
+  /// rank-mean of the decompressed payloads.
+  ///
+  /// A step that any rank found bad commits nothing (see nonfinite_policy).
+  /// @note On the CUDA space this enqueues the step and returns without
+  /// waiting for it. It first waits for this allreducer's previous step to
+  /// finish on the device (normally long done: a training step lies
+  /// between), to learn whether every rank committed it; if not, it throws
+  /// nonfinite_error (or collective_error) on every rank before enqueuing
+  /// anything. During CUDA Graph capture it never waits: the verdict of
+  /// captured steps is read by synchronize().
+  void operator()(span<float, memory> gradient) {
+    GRADCOMP_EXPECTS(gradient.size() == layout_.size(),
+                     "allreducer: the gradient has " + std::to_string(gradient.size()) +
+                         " elements but the bucket was set up for " + std::to_string(layout_.size()));
+    [[maybe_unused]] auto const guard = channel_.bind_device();
+    settle();
+    if (gradient.empty())
+      ++step_;  // nothing to agree on: an empty bucket always commits
+    else
+      run(gradient);
+    if constexpr (requires { collective_->check_async(); }) collective_->check_async();
+  }
+
+  /// Waits for every step enqueued so far, then throws nonfinite_error (or
+  /// collective_error) if one of them failed, as the next call would.
+  /// @note Waits for the space's stream.
+  void synchronize() {
+    [[maybe_unused]] auto const guard = channel_.bind_device();
+    space_.synchronize();
+    settle();
+    if constexpr (!std::is_same_v<memory, host_memory>) {  // steps replayed from a CUDA Graph report here
+      std::uint64_t words[3];
+      space_.to_host(words, status_.data() + detail::failed_steps, sizeof words);
+      if (words[0] != 0) fail(words[0], words[1], words[2]);
+    }
+    if constexpr (requires { collective_->check_async(); }) collective_->check_async();
+  }
+
+  /// Bytes the last step put on the wire (see step_context::wire_bytes).
+  std::size_t wire_bytes() const { return wire_bytes_; }
+  /// Steps committed (on the CUDA space: as far as known; synchronize() first).
+  std::uint64_t steps() const { return step_; }
+  /// The bucket.
+  bucket_layout const& layout() const { return layout_; }
+  /// The compressor and its parameters.
+  Compressor const& compressor() const { return compressor_; }
+  /// The execution space.
+  Space const& space() const { return space_; }
+  /// What bad values do.
+  allreducer_options const& options() const { return options_; }
+  /// The compressor's workspace: carve it as the compressor does to inspect
+  /// what a step left there (state kept across steps, such as PowerSGD's Q or
+  /// IntSGD's running norm, or the last step's codes).
+  span<std::byte, memory> workspace() const { return workspace_.view(); }
+  /// The error-feedback residual carried to the next step.
+  /// @note On a device, waits for the stream.
+  auto residual() const
+    requires ErrorFeedback::enabled
+  {
+    return ef_->current();
+  }
+  /// Zeroes the error-feedback state.
+  void reset_error_feedback() { ef_->reset(); }
+
+ private:
+  using resources_type = resources_t<Compressor, Space>;
+  using context = step_context<Space, Collective, Aggregator, typename ErrorFeedback::ref, resources_type>;
+
+  void run(span<float, memory> gradient) {
+    space_.fill_zero(status_.data(), 2 * sizeof(std::uint64_t));  // this rank's count and the veto
+    context ctx({space_, *collective_, ef_->view(), layout_, workspace_.view(), status_.data(), *resources_, step_,
+                 bucket_seed_, options_.nonfinite});
+    compressor_.step(ctx, gradient);
+    wire_bytes_ = ctx.wire_bytes();
+    what_ = ctx.what();
+    parallel_for(space_, 1, detail::commit_step{status_.data(), ef_->side()});
+    if constexpr (std::is_same_v<memory, host_memory>) {
+      if (status_.data()[detail::veto] == 0) ++step_;
+    } else if (!channel_.capturing()) {
+      channel_.publish(status_.data());
+    }
+  }
+
+  // The verdict of the previous step, where it is still on its way.
+  void settle() {
+    if (!channel_.pending() || channel_.capturing()) return;
+    auto const words = channel_.receive();
+    if (words.failed_steps == 0) {
+      ++step_;
+      return;
+    }
+    fail(words.failed_steps, words.last_veto, words.last_local);
+  }
+
+  void fail(std::uint64_t /*failed*/, std::uint64_t veto, std::uint64_t local) {
+    space_.fill_zero(status_.data() + detail::failed_steps, sizeof(std::uint64_t));
+    if (options_.nonfinite == nonfinite_policy::raise || (veto & detail::fault_bit) != 0)
+      detail::throw_step_failure(veto, local, collective_->rank(), what_);
+  }
+
+  // Every rank gathers every rank's (bucket size, configuration hash, and
+  // whether and why it failed to set up) and reaches the same verdict, so all
+  // ranks throw together or none does: no rank is left waiting in a step.
+  void agree_on_configuration(std::string const& failure) {
+    struct record {
+      std::uint64_t size, fingerprint, failed;
+      char why[232];
+    };
+    static_assert(sizeof(record) == 256);
+    record mine{};
+    mine.size = layout_.size();
+    mine.fingerprint = fingerprint();
+    mine.failed = failure.empty() ? 0 : 1;
+    std::memcpy(mine.why, failure.data(), std::min(failure.size(), sizeof mine.why - 1));
+
+    int const n = collective_->size();
+    std::vector<record> all(static_cast<std::size_t>(n));
+    buffer<std::uint8_t, Space> exchange((all.size() + 1) * sizeof(record), space_);
+    space_.from_host(exchange.data(), &mine, sizeof mine);
+    collective_->all_gather(exchange.data(), exchange.data() + sizeof(record), sizeof(record));
+    space_.to_host(all.data(), exchange.data() + sizeof(record), all.size() * sizeof(record));
+
+    for (int r = 0; r < n; ++r)
+      GRADCOMP_EXPECTS(all[r].failed == 0, "allreducer: rank " + std::to_string(r) +
+                                               " cannot use this configuration: " + std::string(all[r].why));
+    for (int r = 1; r < n; ++r) {
+      GRADCOMP_EXPECTS(all[r].size == all[0].size, "allreducer: ranks disagree on the bucket size: rank 0 has " +
+                                                       std::to_string(all[0].size) + " elements, rank " +
+                                                       std::to_string(r) + " has " + std::to_string(all[r].size));
+      GRADCOMP_EXPECTS(all[r].fingerprint == all[0].fingerprint,
+                       "allreducer: rank " + std::to_string(r) +
+                           "'s configuration differs from rank 0's (compressor parameters, tensor shapes, error "
+                           "feedback, aggregator, non-finite policy or seed)");
+    }
+  }
+
+  std::uint64_t fingerprint() const {
+    std::uint64_t h = detail::hash_combine(compressor_.fingerprint(), layout_.fingerprint());
+    h = detail::hash(ErrorFeedback::name, h);
+    h = detail::hash(Aggregator::name, h);
+    h = detail::hash_combine(h, static_cast<std::uint64_t>(options_.nonfinite));
+    return detail::hash_combine(h, bucket_seed_);
+  }
+
+  Compressor compressor_;
+  Collective* collective_;
+  bucket_layout layout_;
+  Space space_;
+  allreducer_options options_;
+  std::uint64_t bucket_seed_;
+  buffer<std::uint64_t, Space> status_;
+  detail::verdict_channel<Space> channel_;
+  std::optional<typename ErrorFeedback::template state<Space>> ef_;
+  buffer<std::byte, Space> workspace_;
+  std::optional<resources_type> resources_;
+  std::uint64_t step_ = 0;
+  std::size_t wire_bytes_ = 0;
+  char const* what_ = nullptr;
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,106 @@
+// The compressor concept, and what a compressor may ask of the pipeline.
+//
+// A compressor turns each rank's gradient into the rank-mean of what the
+// ranks' payloads decode to, in place. It may take several communication
+// rounds (TopK-Chunked: scores, then values; THC: scale, then levels;
+// PowerSGD: P, then Q); each round is a collective call on the step context,
+// between passes. On the CUDA space every call is enqueued on one stream, so
+// a step is straight-line code that never waits for the host.
+#pragma once
+
+#include <gradcomp/bucket_layout.hpp>
+#include <gradcomp/collectives/collective.hpp>
+#include <gradcomp/execution.hpp>
+#include <gradcomp/execution/workspace.hpp>
+#include <gradcomp/pipeline/aggregator.hpp>
+#include <gradcomp/pipeline/error_feedback.hpp>
+#include <gradcomp/pipeline/step_context.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace gradcomp::inline GRADCOMP_ABI {
+
+/// The resources of a compressor that needs none beyond its workspace.
+struct no_resources {
+  /// Nothing to set up.
+  template <class Space>
+  explicit no_resources(Space const&) {}
+};
+
+namespace detail {
+template <class C, class Space>
+struct resources_of {
+  using type = no_resources;
+};
+template <class C, class Space>
+  requires requires { typename C::template resources<Space>; }
+struct resources_of<C, Space> {
+  using type = typename C::template resources<Space>;
+};
+
+/// A collective with nothing behind it: the compressor concept checks a
+/// step's signature against it (never called).
+struct archetype_collective {
+  int rank() const;
+  int size() const;
+  bool accepts(memory_kind) const;
+  template <class T>
+  void all_reduce(T const*, T*, std::size_t, reduce_op);
+  template <class T>
+  void all_gather(T const*, T*, std::size_t);
+  template <class T>
+  void broadcast(T*, std::size_t, int);
+};
+}  // namespace detail
+
+/// What a compressor needs in execution space Space beyond its workspace,
+/// built once by the allreducer from the space (PowerSGD on CUDA: a cuBLAS
+/// handle): `C::resources<Space>` if C declares it, else no_resources.
+template <class C, class Space>
+using resources_t = typename detail::resources_of<C, Space>::type;
+
+/// The step context a compressor's step is checked against.
+template <class C>
+using archetype_context = step_context<host_space, detail::archetype_collective, allreduce_aggregator,
+                                       error_feedback::none::ref, resources_t<C, host_space>>;
+
+/// A compressor: a copyable value holding its parameters, which
+/// - names itself (`name`) and says whether its payload is summable;
+/// - validate(layout, ranks) throws invalid_argument for a configuration
+///   that cannot work on that bucket (k larger than the bucket, say);
+/// - fingerprint() hashes its parameters, so ranks can check they agree;
+/// - carve<Aggregator>(carver, layout, ranks) takes its workspace pieces
+///   (called once to measure, then each step to carve);
+/// - wire_bytes<Aggregator>(layout, ranks) predicts what a step puts on the
+///   wire (beyond the 8-byte agreement), counted as step_context counts it;
+/// - step(ctx, gradient) turns gradient into the rank-mean of the decoded
+///   payloads: it counts bad values into ctx.bad_count(), calls
+///   ctx.agree_all_finite() before writing anything that outlives the step,
+///   gates those passes with ctx.output_gate() / ctx.state_gate(), and
+///   writes every element's next residual through ctx.error_feedback().
+template <class C>
+concept compressor =
+    std::copyable<C> && requires(C const& c, bucket_layout const& layout, int ranks,
+                                 workspace_carver<host_memory>& carver, archetype_context<C>& ctx, span<float> g) {
+      { C::name } -> std::convertible_to<std::string_view>;
+      { C::summable_payload } -> std::convertible_to<bool>;
+      c.validate(layout, ranks);
+      { c.fingerprint() } -> std::same_as<std::uint64_t>;
+      c.template carve<allreduce_aggregator>(carver, layout, ranks);
+      { c.template wire_bytes<allreduce_aggregator>(layout, ranks) } -> std::same_as<std::size_t>;
+      c.step(ctx, g);
+    };
+
+namespace detail {
+
+/// Bytes a payload of `bytes` costs on the wire under aggregator A.
+template <class A>
+constexpr std::size_t aggregated_wire_bytes(std::size_t bytes, int ranks) {
+  return A::requires_summable_payload ? bytes : bytes * static_cast<std::size_t>(ranks);
+}
+
+}  // namespace detail
+}  // namespace gradcomp

@@ -1,0 +1,167 @@
+// The step context: everything one step of a compressor sees.
+#pragma once
+
+#include <gradcomp/algorithm/streams.hpp>
+#include <gradcomp/bucket_layout.hpp>
+#include <gradcomp/collectives/collective.hpp>
+#include <gradcomp/execution.hpp>
+#include <gradcomp/execution/workspace.hpp>
+#include <gradcomp/pipeline/nonfinite.hpp>
+#include <gradcomp/random.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <type_traits>
+
+namespace gradcomp::inline GRADCOMP_ABI {
+
+/// Everything one step of a compressor sees: where to run, whom to talk to,
+/// the error-feedback view, the bucket, its workspace and resources, the
+/// step's status words and its random streams. Collective calls go through
+/// it so it can count the bytes each step puts on the wire. The allreducer
+/// builds one per step, on the stack; nothing in it allocates.
+template <class Space, class Collective, class Aggregator, class ErrorFeedbackRef, class Resources>
+class step_context {
+ public:
+  using space_type = Space;                     ///< The execution space.
+  using memory = typename Space::memory;        ///< Where buffers live.
+  using aggregator = Aggregator;                ///< How payloads combine.
+  using error_feedback_ref = ErrorFeedbackRef;  ///< The residual's view.
+  using resources_type = Resources;             ///< The compressor's per-space resources.
+
+  /// What the allreducer hands a step.
+  struct parts {
+    Space space;                          ///< Where to run.
+    Collective& collective;               ///< Whom to talk to.
+    ErrorFeedbackRef error_feedback;      ///< The residual.
+    bucket_layout const& layout;          ///< The bucket.
+    span<std::byte, memory> workspace;    ///< The compressor's workspace.
+    std::uint64_t* status;                ///< The step's status words (pipeline/nonfinite.hpp).
+    Resources& resources;                 ///< The compressor's resources.
+    std::uint64_t step;                   ///< Steps committed before this one.
+    std::uint64_t bucket_seed;            ///< Seeds random streams whose compressor set no seed.
+    nonfinite_policy policy;              ///< What bad values do.
+  };
+
+  /// Assembled by the allreducer for each step.
+  explicit step_context(parts const& p) : p_(p) {}
+  step_context(step_context const&) = delete;
+  step_context& operator=(step_context const&) = delete;
+
+  /// The execution space.
+  Space const& space() const { return p_.space; }
+  /// This rank.
+  int rank() const { return p_.collective.rank(); }
+  /// Number of ranks.
+  int ranks() const { return p_.collective.size(); }
+  /// Steps committed before this one (a step that any rank vetoed does not
+  /// count): seeds per-step randomness and warm-up schedules.
+  std::uint64_t step() const { return p_.step; }
+  /// The error-feedback view.
+  ErrorFeedbackRef const& error_feedback() const { return p_.error_feedback; }
+  /// The bucket being reduced.
+  bucket_layout const& layout() const { return p_.layout; }
+  /// A carver over the workspace sized for this compressor.
+  workspace_carver<memory> carver() const { return workspace_carver<memory>(p_.workspace); }
+  /// The compressor's workspace pieces, carved as its carve() takes them.
+  template <class Compressor>
+  auto carve(Compressor const& c) const {
+    auto w = carver();
+    return c.template carve<Aggregator>(w, layout(), ranks());
+  }
+  /// The compressor's resources for this space (see resources_t).
+  Resources& resources() const { return p_.resources; }
+  /// Bytes this step has put on the wire so far (all-reduce: message size;
+  /// all-gather: gathered size, which grows with the number of ranks).
+  std::size_t wire_bytes() const { return wire_bytes_; }
+
+  /// data <- op over ranks of data.
+  template <class T>
+  void all_reduce(span<T, memory> data, reduce_op op) {
+    p_.collective.all_reduce(data.data(), data.data(), data.size(), op);
+    wire_bytes_ += data.size_bytes();
+  }
+
+  /// recv <- every rank's send, rank by rank.
+  template <class T>
+  void all_gather(span<T const, memory> send, span<T, memory> recv) {
+    GRADCOMP_EXPECTS(recv.size() == send.size() * static_cast<std::size_t>(ranks()),
+                     "all_gather: receive buffer must hold ranks x send");
+    p_.collective.all_gather(send.data(), recv.data(), send.size());
+    wire_bytes_ += recv.size_bytes();
+  }
+
+  /// payload <- sum over ranks of payload, by this step's aggregator.
+  template <class T>
+  void aggregate(span<T, memory> payload, span<std::byte, memory> scratch) {
+    Aggregator::sum(*this, payload, scratch);
+  }
+
+  /// @name The non-finite protocol (pipeline/nonfinite.hpp)
+  /// @{
+
+  /// Where this step's passes count this rank's bad values (transform's and
+  /// segmented_reduce's `count`).
+  std::uint64_t* bad_count() const { return p_.status + detail::local_bad; }
+
+  /// The agreement: every rank learns how many values all ranks found bad
+  /// (`what` says what made them bad, for the message: a string literal).
+  /// Call it after every pass that counts and before any pass that writes
+  /// the output or kept state. On the host, under nonfinite_policy::raise,
+  /// every rank throws nonfinite_error from here; elsewhere the verdict
+  /// stays in memory and gates what follows.
+  void agree_all_finite(char const* what) {
+    what_ = what;
+    p_.collective.all_reduce(p_.status + detail::local_bad, p_.status + detail::veto, 1, reduce_op::sum);
+    wire_bytes_ += sizeof(std::uint64_t);
+    if constexpr (std::is_same_v<memory, host_memory>)
+      if (p_.policy == nonfinite_policy::raise && p_.status[detail::veto] != 0)
+        detail::throw_step_failure(p_.status[detail::veto], p_.status[detail::local_bad], rank(), what_);
+  }
+
+  /// The gate of a pass that writes the step's output: closed when the step
+  /// was vetoed (raise: the gradient stays as it was), poisoned under
+  /// nonfinite_policy::propagate (the output becomes NaN).
+  gate output_gate() const { return {p_.status + detail::veto, p_.policy == nonfinite_policy::propagate}; }
+
+  /// The gate of a pass that writes state kept across steps: closed when the
+  /// step was vetoed.
+  gate state_gate() const { return {p_.status + detail::veto, false}; }
+
+  /// The veto word, for a compressor's own consistency check: a kernel that
+  /// finds the ranks inconsistent ORs detail::fault_bit into it (the step
+  /// then commits nothing and every rank gets collective_error naming
+  /// `what`). Call fault_checked(what) after that kernel.
+  std::uint64_t* veto_word() const { return p_.status + detail::veto; }
+
+  /// After a consistency check: on the host, throws collective_error at once
+  /// if it set the fault bit.
+  void fault_checked(char const* what) {
+    what_ = what;
+    if constexpr (std::is_same_v<memory, host_memory>)
+      if ((p_.status[detail::veto] & detail::fault_bit) != 0)
+        detail::throw_step_failure(p_.status[detail::veto], 0, rank(), what_);
+  }
+
+  /// What the last agreement or check was about (a string literal).
+  char const* what() const { return what_; }
+  /// @}
+
+  /// The random numbers of this step for `purpose`, on `lane` (a rank for
+  /// private noise, random_stream::shared for numbers every rank draws
+  /// alike), seeded by `seed` or, if the compressor set none, by the bucket's
+  /// identity: two buckets never draw the same numbers by default.
+  random_stream random(std::optional<std::uint64_t> seed, random_purpose purpose, std::uint32_t lane) const {
+    return random_stream::derive(seed.value_or(p_.bucket_seed), purpose, p_.step, lane);
+  }
+  /// This rank's lane of private noise.
+  std::uint32_t own_lane() const { return static_cast<std::uint32_t>(rank()); }
+
+ private:
+  parts p_;
+  std::size_t wire_bytes_ = 0;
+  char const* what_ = nullptr;
+};
+
+}  // namespace gradcomp
