@@ -36,6 +36,23 @@ GRADCOMP_HOST_DEVICE float bits_float(std::uint32_t u) {
 #endif
 }
 
+/// a where `pick`, else b, chosen on the bits. A ?: on floats may become a
+/// branch (floating point can trap, so compilers do not compute the chosen
+/// value's arithmetic speculatively), and a loop with a branch does not
+/// vectorize; this never does.
+GRADCOMP_HOST_DEVICE float select(bool pick, float a, float b) {
+  std::uint32_t const mask = 0u - static_cast<std::uint32_t>(pick);  // all ones when pick
+  return bits_float((float_bits(a) & mask) | (float_bits(b) & ~mask));
+}
+
+/// |x| <= limit, false for NaN: one comparison, so loops vectorize.
+GRADCOMP_HOST_DEVICE bool within(float x, float limit) {
+  return bits_float(float_bits(x) & 0x7fffffffu) <= limit;
+}
+
+/// True for a finite float.
+GRADCOMP_HOST_DEVICE bool is_finite(float x) { return within(x, 3.40282347e38f); }
+
 /// float -> bf16, round to nearest even; NaN stays a (quiet) NaN.
 GRADCOMP_HOST_DEVICE std::uint16_t float_to_bf16_bits(float f) {
   std::uint32_t const u = float_bits(f);

@@ -40,24 +40,26 @@ __device__ __forceinline__ double warp_tree(double (&p)[4]) {
 
 template <reduction R, class Op, class In, class Out, std::size_t... I>
 __device__ __forceinline__ unsigned reduce_four(Op const& op, In const& in, std::size_t at, std::size_t available,
-                                                double (&p)[4], std::index_sequence<I...>) {
+                                                float limit, double (&p)[4], std::index_sequence<I...>) {
   unsigned bad = 0;
   if (available >= 4) {
     pack<item_array<stream_value_t<std::remove_cvref_t<decltype(get<I>(in))>>, 4>...> v;
     (load_items<4>(get<I>(in), at, get<I>(v)), ...);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      reduce_item const item(op(at + k, get<I>(v).v[k]...));
-      bad += item.bad ? 1u : 0u;
-      p[k] = combine<R>(p[k], contribution<R>(item));
+      float const value = op(at + k, get<I>(v).v[k]...);
+      bool const good = within(value, limit);
+      bad += good ? 0u : 1u;
+      p[k] = combine<R>(p[k], contribution<R>(value, good));
     }
   } else {
 #pragma unroll
     for (int k = 0; k < 4; ++k) {  // constant indices keep p in registers
       if (static_cast<std::size_t>(k) >= available) break;
-      reduce_item const item(op(at + k, load_one(get<I>(in), at + k)...));
-      bad += item.bad ? 1u : 0u;
-      p[k] = combine<R>(p[k], contribution<R>(item));
+      float const value = op(at + k, load_one(get<I>(in), at + k)...);
+      bool const good = within(value, limit);
+      bad += good ? 0u : 1u;
+      p[k] = combine<R>(p[k], contribution<R>(value, good));
     }
   }
   return bad;
@@ -65,7 +67,8 @@ __device__ __forceinline__ unsigned reduce_four(Op const& op, In const& in, std:
 
 template <reduction R, class Op, class In, class Out>
 __global__ void __launch_bounds__(reduce_threads)
-    reduce_first_kernel(std::size_t n, std::size_t segment, In in, Op op, Out out, unsigned long long* count) {
+    reduce_first_kernel(std::size_t n, std::size_t segment, In in, Op op, Out out, unsigned long long* count,
+                        float limit) {
   unsigned const lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   std::size_t const ranges = (n + segment - 1) / segment * tiles_per_segment(segment);
   auto const bound = bind_op(op);
@@ -76,7 +79,7 @@ __global__ void __launch_bounds__(reduce_threads)
     reduce_range const r = reduce_range::of(range, n, segment);
     double p[4] = {0.0, 0.0, 0.0, 0.0};
     for (std::size_t base = 4 * lane; base < r.len; base += reduce_lanes)
-      bad += reduce_four<R, decltype(bound), decltype(rin), Out>(bound, rin, r.begin + base, r.len - base, p,
+      bad += reduce_four<R, decltype(bound), decltype(rin), Out>(bound, rin, r.begin + base, r.len - base, limit, p,
                                                                  std::make_index_sequence<pack_size<In>>{});
     double const total = warp_tree<R>(p);
     if (lane == 0) out(range, total);
@@ -109,10 +112,10 @@ template <class Op, class... I>
 struct cuda_reduce<cuda_kernels_tag, Op, pack<I...>> {
   template <reduction R, class Out>
   static void first(cuda_space const& space, std::size_t n, std::size_t segment, pack<I...> const& in, Op const& op,
-                    Out const& out, std::uint64_t* count) {
+                    Out const& out, std::uint64_t* count, float limit) {
     std::size_t const ranges = (n + segment - 1) / segment * tiles_per_segment(segment);
     reduce_first_kernel<R><<<reduce_blocks(ranges), reduce_threads, 0, space.stream>>>(
-        n, segment, in, op, out, reinterpret_cast<unsigned long long*>(count));
+        n, segment, in, op, out, reinterpret_cast<unsigned long long*>(count), limit);
     GRADCOMP_CUDA_TRY(cudaGetLastError());
   }
   template <reduction R, class Out>

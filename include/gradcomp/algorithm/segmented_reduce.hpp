@@ -2,12 +2,15 @@
 // pass, in a fixed order that host loops and CUDA warps both follow, so the
 // totals are bitwise equal on both.
 //
-//   segmented_reduce<reduction::sum_of_squares>(space, n, segment, inputs(g, e), op, finish, scratch, count)
+//   segmented_reduce<reduction::sum_of_squares>(space, n, segment, inputs(g, e), op, finish,
+//                                               {.scratch = s, .count = c, .limit = L})
 //
-// op(i, g[i], e[i]) returns the element's value (a float, or a reduce_item
-// that may mark it bad: bad elements are counted into *count and contribute
-// nothing). For each segment j of `segment` consecutive elements (the last
-// may be shorter) finish(j, total) receives the total, a double.
+// op(i, g[i], e[i]) returns the element's value, a float. A value that is
+// NaN or beyond `limit` in magnitude (infinity, or a value a wire lane cannot
+// carry) is bad: it is counted into *count and contributes nothing, so one
+// bad value does not poison a norm. For each segment j of `segment`
+// consecutive elements (the last may be shorter) finish(j, total) receives
+// the total, a double.
 //
 // The canonical order. A range of up to 4096 values is reduced in 128 lanes:
 // value t goes to lane t % 128, each lane accumulates its values in order,
@@ -46,15 +49,16 @@ enum class reduction {
   max_abs,         ///< max |value|.
 };
 
-/// An element's value, and whether it is bad (bad ones are counted and
-/// contribute nothing, so one NaN does not poison a norm).
-struct reduce_item {
-  float value;       ///< The value.
-  bool bad = false;  ///< Counted, left out.
-  /// A good value.
-  GRADCOMP_HOST_DEVICE reduce_item(float v) : value(v) {}  // NOLINT(google-explicit-constructor): ops return floats
-  /// A value that may be bad.
-  GRADCOMP_HOST_DEVICE reduce_item(float v, bool is_bad) : value(v), bad(is_bad) {}
+/// What else segmented_reduce takes.
+template <class Memory>
+struct reduce_options {
+  /// Scratch of segmented_reduce_scratch_bytes(n, segment) bytes (none for
+  /// segments of at most 4096).
+  span<std::byte, Memory> scratch{};
+  /// Adds the number of bad values here (memory of the space), if not null.
+  std::uint64_t* count = nullptr;
+  /// Values beyond this magnitude, and NaN, are bad.
+  float limit = 3.40282347e38f;
 };
 
 namespace detail {
@@ -68,10 +72,10 @@ GRADCOMP_HOST_DEVICE constexpr std::size_t tiles_per_segment(std::size_t segment
   return segment <= reduce_tile ? 1 : (segment + reduce_tile - 1) / reduce_tile;
 }
 
-/// What one value adds under reduction R.
+/// What a value adds under reduction R: nothing when it is bad.
 template <reduction R>
-GRADCOMP_HOST_DEVICE double contribution(reduce_item item) {
-  double const v = item.bad ? 0.0 : static_cast<double>(item.value);
+GRADCOMP_HOST_DEVICE double contribution(float value, bool good) {
+  double const v = static_cast<double>(select(good, value, 0.0f));  // (a select on bits: loops vectorize)
   if constexpr (R == reduction::sum_of_squares)
     return v * v;
   else
@@ -119,7 +123,7 @@ void host_lanes(double* p, std::size_t len, Value const& v) {
 
 template <reduction R, class Op, class... I, std::size_t... Is, class Out>
 void host_reduce_first(host_space const& space, std::size_t n, std::size_t segment, pack<I...> const& in, Op const& op,
-                       Out const& out, std::uint64_t* count, std::index_sequence<Is...>) {
+                       Out const& out, std::uint64_t* count, float limit, std::index_sequence<Is...>) {
   static_assert((!std::is_same_v<I, rounding_noise> && ...), "segmented_reduce reads no noise");
   std::size_t const tiles = tiles_per_segment(segment), tile = segment <= reduce_tile ? segment : reduce_tile;
   std::size_t const ranges = (n + segment - 1) / segment * tiles;
@@ -140,15 +144,17 @@ void host_reduce_first(host_space const& space, std::size_t n, std::size_t segme
     for (; base + reduce_lanes <= len; base += reduce_lanes) {
       GRADCOMP_OMP(simd reduction(+ : bad_here))
       for (int l = 0; l < reduce_lanes; ++l) {
-        reduce_item const item(bound(begin + base + l, get<Is>(cin)[base + l]...));
-        bad_here += item.bad ? 1u : 0u;
-        p[l] = combine<R>(p[l], contribution<R>(item));
+        float const v = bound(begin + base + l, get<Is>(cin)[base + l]...);
+        bool const good = within(v, limit);
+        bad_here += good ? 0u : 1u;
+        p[l] = combine<R>(p[l], contribution<R>(v, good));
       }
     }
     for (std::size_t l = 0; base + l < len; ++l) {
-      reduce_item const item(bound(begin + base + l, get<Is>(cin)[base + l]...));
-      bad_here += item.bad ? 1u : 0u;
-      p[l] = combine<R>(p[l], contribution<R>(item));
+      float const v = bound(begin + base + l, get<Is>(cin)[base + l]...);
+      bool const good = within(v, limit);
+      bad_here += good ? 0u : 1u;
+      p[l] = combine<R>(p[l], contribution<R>(v, good));
     }
     bad += bad_here;
     out(range, host_lane_tree<R>(p, len));
@@ -234,13 +240,13 @@ inline std::size_t segmented_reduce_scratch_bytes(std::size_t n, std::size_t seg
 /// Per-segment totals on the host (see the top of this header).
 template <reduction R, class Op, class... I, class Finish>
 void segmented_reduce(host_space const& space, std::size_t n, std::size_t segment, input_streams<I...> const& in,
-                      Op const& op, Finish const& finish, span<std::byte, host_memory> scratch = {},
-                      std::uint64_t* count = nullptr) {
+                      Op const& op, Finish const& finish, reduce_options<host_memory> const& options = {}) {
   if (n == 0 || segment == 0) return;
   detail::reduce_levels(
-      n, segment, scratch,
+      n, segment, options.scratch,
       [&](auto const& out) {
-        detail::host_reduce_first<R>(space, n, segment, in.streams, op, out, count, std::index_sequence_for<I...>{});
+        detail::host_reduce_first<R>(space, n, segment, in.streams, op, out, options.count, options.limit,
+                                     std::index_sequence_for<I...>{});
       },
       [&](std::size_t values, std::size_t seg, double const* previous, auto const& out) {
         detail::host_reduce_upper<R>(space, values, seg, previous, out);
@@ -253,13 +259,14 @@ void segmented_reduce(host_space const& space, std::size_t n, std::size_t segmen
 /// and scratch are device memory, finish runs in the kernel).
 template <reduction R, class Op, class... I, class Finish>
 void segmented_reduce(cuda_space const& space, std::size_t n, std::size_t segment, input_streams<I...> const& in,
-                      Op const& op, Finish const& finish, span<std::byte, device_memory> scratch = {},
-                      std::uint64_t* count = nullptr) {
+                      Op const& op, Finish const& finish, reduce_options<device_memory> const& options = {}) {
   if (n == 0 || segment == 0) return;
   using kernels = detail::cuda_reduce<detail::cuda_kernels_tag, Op, detail::pack<I...>>;
   detail::reduce_levels(
-      n, segment, scratch,
-      [&](auto const& out) { kernels::template first<R>(space, n, segment, in.streams, op, out, count); },
+      n, segment, options.scratch,
+      [&](auto const& out) {
+        kernels::template first<R>(space, n, segment, in.streams, op, out, options.count, options.limit);
+      },
       [&](std::size_t values, std::size_t seg, double const* previous, auto const& out) {
         kernels::template upper<R>(space, values, seg, previous, out);
       },

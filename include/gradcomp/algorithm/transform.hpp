@@ -20,6 +20,7 @@
 #include <gradcomp/algorithm/streams.hpp>
 #include <gradcomp/execution.hpp>
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -67,8 +68,9 @@ inline float const* host_input(rounding_noise const& noise, std::size_t begin, s
   uint4x32 words[host_chunk / 8];
   std::size_t const calls = (len + 7) / 8;
   for (std::size_t k = 0; k < calls; ++k) words[k] = noise.stream(begin / 8 + k);  // vectorizes across calls
-  std::uint32_t const* w = &words[0].v[0];
-  for (std::size_t k = 0; k < calls * 8; ++k) uniforms[k] = to_unit_float16(w[k / 2] >> (16 * (k % 2)));
+  static_assert(std::endian::native == std::endian::little, "the 16-bit uniforms are read as halves of words");
+  auto const* halves = reinterpret_cast<std::uint16_t const*>(words);  // uniform16's order: low half first
+  for (std::size_t k = 0; k < calls * 8; ++k) uniforms[k] = to_unit_float16(halves[k]);
   return uniforms;
 }
 

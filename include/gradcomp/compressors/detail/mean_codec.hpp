@@ -55,7 +55,7 @@ struct mean_codec {
   /// 1/n, rounded once, the same everywhere.
   static float inverse(int ranks) { return 1.0f / static_cast<float>(ranks); }
   /// Whether acc can travel: finite, within the limit (false for NaN).
-  GRADCOMP_HOST_DEVICE static bool fits(float acc, float limit) { return (acc <= limit) & (acc >= -limit); }
+  GRADCOMP_HOST_DEVICE static bool fits(float acc, float limit) { return within(acc, limit); }
   /// The wire value for acc, given 1/n (inverse(n)).
   GRADCOMP_HOST_DEVICE static W encode(float acc, float inverse_ranks) { return W(acc * inverse_ranks); }
   /// acc minus what that wire value contributed to the sum.

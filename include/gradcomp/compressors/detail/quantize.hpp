@@ -2,10 +2,13 @@
 // IntSGD) share: the agreed bucket norm, signed stochastic rounding, the
 // residual after sending a code, and the lane-headroom check.
 //
-// Scales and units are doubles: a norm of values near 1e38 over a large
-// bucket, or of values near 1e-30, is out of float's range, but never out of
-// double's; the step's element math converts to float only at the end, and
-// IEEE double arithmetic is the same on host and device.
+// Norms are doubles (a squared norm of values near 1e-30 or 1e20 is out of
+// float's range), and so are the units that turn codes back into values (a
+// norm of values near 1e38 over a large bucket is too). The code of an
+// element is computed in float, with the scale saturated at float's largest
+// value: a group whose norm is below about 1e-37 sends zeros, and error
+// feedback keeps it. IEEE arithmetic in either type gives the same bits on
+// host and device.
 #pragma once
 
 #include <gradcomp/algorithm/segmented_reduce.hpp>
@@ -27,41 +30,43 @@ namespace gradcomp::inline GRADCOMP_ABI::detail {
 template <class Lane>
 constexpr bool is_signed_code_lane = std::is_same_v<Lane, std::int8_t> || std::is_same_v<Lane, std::int32_t>;
 
-/// True for a finite float (false for NaN); a select, so loops vectorize.
-GRADCOMP_HOST_DEVICE bool is_finite(float x) { return (x >= -3.40282347e38f) & (x <= 3.40282347e38f); }
 /// x, or 0 when it is not finite: a bad value must not reach a
 /// float-to-integer conversion (the step is vetoed anyway).
-GRADCOMP_HOST_DEVICE float finite_or_zero(float x) { return is_finite(x) ? x : 0.0f; }
+GRADCOMP_HOST_DEVICE float finite_or_zero(float x) { return select(is_finite(x), x, 0.0f); }
 
 /// |x| rounded to an integer at random, down or up with probability the
 /// fraction (unbiased), with x's sign; x finite and within the lane already.
 /// Truncation for floor (|x| >= 0) and single-step selects: loops vectorize.
-GRADCOMP_HOST_DEVICE std::int32_t signed_stochastic_round(double x, float u) {
-  double const magnitude = x < 0.0 ? -x : x;
+GRADCOMP_HOST_DEVICE std::int32_t signed_stochastic_round(float x, float u) {
+  float const magnitude = x < 0.0f ? -x : x;
   std::int32_t const down = static_cast<std::int32_t>(magnitude);
-  std::int32_t const rounded = down + static_cast<std::int32_t>(u < magnitude - static_cast<double>(down));
-  std::int32_t const negative = -static_cast<std::int32_t>(x < 0.0);  // all ones when x < 0
+  std::int32_t const rounded = down + static_cast<std::int32_t>(u < magnitude - static_cast<float>(down));
+  std::int32_t const negative = -static_cast<std::int32_t>(x < 0.0f);  // all ones when x < 0
   return (rounded ^ negative) - negative;
 }
 
 /// x clamped to [-limit, limit] (single-step selects).
-GRADCOMP_HOST_DEVICE double clamp_symmetric(double x, double limit) {
+GRADCOMP_HOST_DEVICE float clamp_symmetric(float x, float limit) {
   x = x < -limit ? -limit : x;
   return x > limit ? limit : x;
 }
+
+/// A positive double as a float, saturated at float's largest value.
+GRADCOMP_HOST_DEVICE float saturated(double x) { return static_cast<float>(x < 3.4028234663852886e38 ? x : 3.4028234663852886e38); }
 
 /// The scales of one step of a QSGD-style quantizer, from the agreed squared
 /// norm: x = acc x scale is the code before rounding, code x unit this rank's
 /// own decode, and sum x mean_unit the decoded mean of n ranks' codes.
 struct qsgd_scale {
-  double scale, unit, mean_unit;
+  float scale;
+  double unit, mean_unit;
   GRADCOMP_HOST_DEVICE static qsgd_scale of(double squared_norm, double levels, double ranks) {
     double const norm = sqrt(squared_norm);
-    return {norm > 0.0 ? levels / norm : 0.0, norm / levels, norm / (levels * ranks)};
+    return {norm > 0.0 ? saturated(levels / norm) : 0.0f, norm / levels, norm / (levels * ranks)};
   }
   /// acc's code: acc x scale clamped to +-limit, rounded at random with u.
-  GRADCOMP_HOST_DEVICE std::int32_t code(float acc, float u, double limit) const {
-    return signed_stochastic_round(clamp_symmetric(static_cast<double>(finite_or_zero(acc)) * scale, limit), u);
+  GRADCOMP_HOST_DEVICE std::int32_t code(float acc, float u, float limit) const {
+    return signed_stochastic_round(clamp_symmetric(finite_or_zero(acc) * scale, limit), u);
   }
   /// What is left of acc once `code` is sent (exact in double, then rounded).
   GRADCOMP_HOST_DEVICE float residual(float acc, std::int32_t code) const {
@@ -71,12 +76,10 @@ struct qsgd_scale {
   GRADCOMP_HOST_DEVICE float mean(double sum) const { return static_cast<float>(sum * mean_unit); }
 };
 
-/// acc = g + e of element i, bad when not finite: the norm passes' op.
-struct finite_acc {
-  GRADCOMP_HOST_DEVICE reduce_item operator()(std::size_t, float g, float e) const {
-    float const acc = g + e;
-    return {acc, !is_finite(acc)};
-  }
+/// acc = g + e of element i: the norm passes' op (a reduction leaves out
+/// and counts the values that are not finite).
+struct accumulated {
+  GRADCOMP_HOST_DEVICE float operator()(std::size_t, float g, float e) const { return g + e; }
 };
 
 /// Counts the elements whose acc = g + e is not finite (an input-only pass).
@@ -113,8 +116,8 @@ void expect_lane_headroom(std::string_view who, int ranks, std::int64_t largest,
 template <class Context, class In>
 void agree_largest_squared_norm(Context& ctx, std::size_t n, In const& in, span<double, typename Context::memory> norm,
                                 span<std::byte, typename Context::memory> scratch) {
-  segmented_reduce<reduction::sum_of_squares>(ctx.space(), n, n, in, finite_acc{}, store_total_at{norm.data()},
-                   scratch, ctx.bad_count());
+  segmented_reduce<reduction::sum_of_squares>(ctx.space(), n, n, in, accumulated{}, store_total_at{norm.data()},
+                                              {.scratch = scratch, .count = ctx.bad_count()});
   ctx.agree_all_finite("NaN or infinite");
   ctx.all_reduce(norm, reduce_op::max);
 }

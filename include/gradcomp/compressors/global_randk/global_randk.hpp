@@ -43,8 +43,8 @@ struct randk_gather {  // coordinate j of the step and its acc
   GRADCOMP_HOST_DEVICE bound bind() const { return {pick, gradient, ef.bind()}; }
 };
 
-struct value_if_finite {  // (already counted by the check pass)
-  GRADCOMP_HOST_DEVICE reduce_item operator()(std::size_t, float v) const { return {v, !is_finite(v)}; }
+struct gathered_value {  // (a bad one was counted by the check pass; the norm leaves it out)
+  GRADCOMP_HOST_DEVICE float operator()(std::size_t, float v) const { return v; }
 };
 
 template <class Lane>
@@ -54,7 +54,7 @@ struct randk_encode {  // value: acc in, acc - own decode out
   qsgd_scale k{};
   GRADCOMP_HOST_DEVICE randk_encode bind() const { return {squared_norm, levels, qsgd_scale::of(*squared_norm, levels, 1)}; }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, float acc, float u, Lane& code, float& residual) const {
-    std::int32_t const c = k.code(acc, u, levels);
+    std::int32_t const c = k.code(acc, u, static_cast<float>(levels));
     code = static_cast<Lane>(c);
     residual = k.residual(acc, c);
   }
@@ -173,8 +173,9 @@ struct global_randk {
     transform(space, d, inputs(gradient, ef.previous()), outputs(), detail::count_nonfinite{},
               {.count = ctx.bad_count()});
     transform(space, k, inputs(), outputs(ws.indices, ws.values), detail::randk_gather<EF>{pick, gradient.data(), ef});
-    segmented_reduce<reduction::sum_of_squares>(space, k, k, inputs(ws.values), detail::value_if_finite{},
-                     detail::store_total_at{ws.squared_norm.data()}, ws.reduce);
+    segmented_reduce<reduction::sum_of_squares>(space, k, k, inputs(ws.values), detail::gathered_value{},
+                                                detail::store_total_at{ws.squared_norm.data()},
+                                                {.scratch = ws.reduce});
     ctx.agree_all_finite("NaN or infinite");
     ctx.all_reduce(ws.squared_norm, reduce_op::max);
     transform(space, k,

@@ -52,17 +52,19 @@ template <class Lane>
 struct intsgd_encode {
   double const* r;  // the state word alpha derives from this step
   intsgd_scale p;
-  double alpha = 0, inverse = 0;
+  float alpha = 0;  // (saturated at float's largest: a bucket so small only sends zeros)
+  double inverse = 0;
   GRADCOMP_HOST_DEVICE intsgd_encode bind() const {
     intsgd_encode b = *this;
-    b.alpha = p.alpha(*r);
-    b.inverse = 1.0 / b.alpha;
+    double const alpha = p.alpha(*r);
+    b.alpha = saturated(alpha);
+    b.inverse = 1.0 / alpha;
     return b;
   }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, float g, float e, float u, Lane& code, float& e_next) const {
     float const acc = g + e;
-    double const x = clamp_symmetric(static_cast<double>(finite_or_zero(acc)) * alpha, p.high);
-    std::int32_t const q = signed_stochastic_round(x < p.low ? p.low : x, u);
+    float const x = clamp_symmetric(finite_or_zero(acc) * alpha, static_cast<float>(p.high));
+    std::int32_t const q = signed_stochastic_round(x < static_cast<float>(p.low) ? static_cast<float>(p.low) : x, u);
     code = static_cast<Lane>(q);
     e_next = static_cast<float>(static_cast<double>(acc) - static_cast<double>(q) * inverse);
   }
@@ -89,7 +91,7 @@ struct intsgd_decode {
 
 template <class Lane>
 struct lane_value {
-  GRADCOMP_HOST_DEVICE reduce_item operator()(std::size_t, Lane v) const { return {static_cast<float>(v), false}; }
+  GRADCOMP_HOST_DEVICE float operator()(std::size_t, Lane v) const { return static_cast<float>(v); }
 };
 
 struct intsgd_update {  // r <- beta r + (1 - beta) ||g||^2, kept only if finite
@@ -195,8 +197,9 @@ struct intsgd {
     double const* const r = state + (first ? detail::intsgd_first : detail::intsgd_r);
 
     if (first)  // r_0 = ||acc||^2, the largest over the ranks; also counts bad values
-      segmented_reduce<reduction::sum_of_squares>(space, d, d, inputs(gradient, ef.previous()), detail::finite_acc{},
-                       detail::store_total_at{state + detail::intsgd_first}, ws.reduce, ctx.bad_count());
+      segmented_reduce<reduction::sum_of_squares>(space, d, d, inputs(gradient, ef.previous()), detail::accumulated{},
+                                                  detail::store_total_at{state + detail::intsgd_first},
+                                                  {.scratch = ws.reduce, .count = ctx.bad_count()});
     else
       transform(space, d, inputs(gradient, ef.previous()), outputs(), detail::count_nonfinite{},
                 {.count = ctx.bad_count()});
@@ -214,7 +217,8 @@ struct intsgd {
     transform(space, d, inputs(ws.codes), outputs(gradient), detail::intsgd_decode<Lane>{r, p},
               {.when = ctx.output_gate()});
     segmented_reduce<reduction::sum_of_squares>(space, d, d, inputs(ws.codes), detail::lane_value<Lane>{},
-                     detail::store_total_at{state + detail::intsgd_sums}, ws.reduce);
+                                                detail::store_total_at{state + detail::intsgd_sums},
+                                                {.scratch = ws.reduce});
     transform(space, 1, inputs(), outputs(), detail::intsgd_update{state, first, p, beta}, {.when = ctx.state_gate()});
   }
 };

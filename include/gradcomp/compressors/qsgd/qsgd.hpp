@@ -38,7 +38,7 @@ struct qsgd_encode {
   GRADCOMP_HOST_DEVICE qsgd_encode bind() const { return {squared_norm, levels, qsgd_scale::of(*squared_norm, levels, 1)}; }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, float g, float e, float u, Lane& code, float& e_next) const {
     float const acc = g + e;
-    std::int32_t const c = k.code(acc, u, levels);  // |acc| <= norm, but a rounded norm can fall a hair short
+    std::int32_t const c = k.code(acc, u, static_cast<float>(levels));  // |acc| <= norm, but a rounded norm can fall a hair short
     code = static_cast<Lane>(c);
     e_next = k.residual(acc, c);
   }

@@ -34,21 +34,23 @@ inline constexpr int max_scales = 4;
 struct multiscale_scales {
   int count;
   double levels[max_scales];  // s_j = 2^bits_j - 1, ascending
-  double share;               // the largest |code| of one rank: floor(127 / n)
+  float share;                // the largest |code| of one rank: floor(127 / n)
   double ranks;
 };
 
 /// a[j] by selects rather than an indexed load, so element loops vectorize
 /// and a GPU keeps the array in registers.
-GRADCOMP_HOST_DEVICE double pick(double const (&a)[max_scales], unsigned j) {
-  double x = a[0];
+template <class T>
+GRADCOMP_HOST_DEVICE T pick(T const (&a)[max_scales], unsigned j) {
+  T x = a[0];
   for (unsigned s = 1; s < max_scales; ++s) x = j == s ? a[s] : x;
   return x;
 }
 
 /// The step's per-scale factors, from the agreed squared norm (qsgd_scale's).
 struct multiscale_factors {
-  double scale[max_scales], unit[max_scales], mean_unit[max_scales];
+  float scale[max_scales];
+  double unit[max_scales], mean_unit[max_scales];
   GRADCOMP_HOST_DEVICE static multiscale_factors of(multiscale_scales const& m, double squared_norm) {
     multiscale_factors f{};
     for (int j = 0; j < max_scales; ++j) {
@@ -64,7 +66,7 @@ struct multiscale_factors {
 struct multiscale_propose {  // the finest scale whose code fits this rank's share
   double const* squared_norm;
   multiscale_scales m;
-  double scale[max_scales] = {};
+  float scale[max_scales] = {};
   GRADCOMP_HOST_DEVICE multiscale_propose bind() const {
     multiscale_propose b = *this;
     multiscale_factors const f = multiscale_factors::of(m, *squared_norm);
@@ -72,8 +74,8 @@ struct multiscale_propose {  // the finest scale whose code fits this rank's sha
     return b;
   }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, float g, float e, std::uint8_t& index) const {
-    double const acc = finite_or_zero(g + e);
-    double const magnitude = acc < 0.0 ? -acc : acc;
+    float const acc = finite_or_zero(g + e);
+    float const magnitude = acc < 0.0f ? -acc : acc;
     // Scales ascend, so the finest that fits is the count of finer ones that
     // fit; a fixed trip count lets loops vectorize.
     std::int32_t finest = 0;
@@ -86,7 +88,8 @@ struct multiscale_propose {  // the finest scale whose code fits this rank's sha
 struct multiscale_encode {
   double const* squared_norm;
   multiscale_scales m;
-  double scale[max_scales] = {}, unit[max_scales] = {};
+  float scale[max_scales] = {};
+  double unit[max_scales] = {};
   GRADCOMP_HOST_DEVICE multiscale_encode bind() const {
     multiscale_encode b = *this;
     multiscale_factors const f = multiscale_factors::of(m, *squared_norm);
@@ -191,7 +194,7 @@ struct qsgd_multiscale {
     detail::multiscale_scales m{};
     m.count = scales();
     for (int j = 0; j < m.count; ++j) m.levels[j] = static_cast<double>((std::int64_t{1} << bits[j]) - 1);
-    m.share = static_cast<double>(detail::per_rank_headroom<std::int8_t>(ranks));
+    m.share = static_cast<float>(detail::per_rank_headroom<std::int8_t>(ranks));
     m.ranks = static_cast<double>(ranks);
     return m;
   }

@@ -74,9 +74,7 @@ inline double thc_rotation_scale(int stages) {
 /// acc, or 0 when it is not finite: a bad value (counted, and the step
 /// vetoed) must not spread NaN through its block or reach a float-to-integer
 /// conversion. A select, so loops vectorize.
-GRADCOMP_HOST_DEVICE float thc_finite_or_zero(float acc) {
-  return (acc >= -3.40282347e38f) & (acc <= 3.40282347e38f) ? acc : 0.0f;
-}
+GRADCOMP_HOST_DEVICE float thc_finite_or_zero(float acc) { return select(is_finite(acc), acc, 0.0f); }
 
 /// A rotated coordinate back in acc's units: x * backward * sign, in that
 /// order on host and device.

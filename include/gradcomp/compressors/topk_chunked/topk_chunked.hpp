@@ -45,13 +45,10 @@ namespace detail {
 
 inline constexpr std::uint32_t not_selected = 0xffffffffu;
 
-// Score pass: acc of element i, bad when it cannot travel as Value.
+// Score pass: acc of element i (a value the Value lane cannot carry is left
+// out and counted: the reduction's limit).
 struct topkc_acc {
-  float limit;
-  GRADCOMP_HOST_DEVICE reduce_item operator()(std::size_t, float g, float e) const {
-    float const acc = g + e;
-    return {acc, !((acc <= limit) & (acc >= -limit))};
-  }
+  GRADCOMP_HOST_DEVICE float operator()(std::size_t, float g, float e) const { return g + e; }
 };
 
 template <class Score>
@@ -128,6 +125,52 @@ struct topkc_unpack {
     e_next = chosen ? mean_codec<Value>::residual(acc, mean_codec<Value>::encode(acc, inverse), ranks) : acc;
   }
 };
+
+/// The output pass on the host, chunk by chunk: the choice (chosen or
+/// dropped) holds for a whole inner loop, and both loops vectorize. The same
+/// formulas as topkc_unpack, element for element.
+template <class Value, class EF>
+void topkc_output(host_space const& space, std::size_t d, std::size_t chunk, float* gradient, EF const& ef,
+                  topkc_unpack<Value> const& f, gate when) {
+  gate_state const state = read_gate(when);
+  if (state == gate_state::closed) return;
+  std::size_t const chunks = (d + chunk - 1) / chunk;
+  [[maybe_unused]] int const threads = space.threads_for(d);
+  GRADCOMP_OMP(parallel for schedule(static) num_threads(threads))
+  for (std::size_t j = 0; j < chunks; ++j) {
+    std::size_t const begin = j * chunk, end = begin + chunk < d ? begin + chunk : d;
+    if (state == gate_state::poisoned) {
+      for (std::size_t i = begin; i < end; ++i) gradient[i] = poison_value<float>();
+      continue;
+    }
+    auto const e = ef.bind();  // a local copy: its pointers stay in registers
+    std::uint32_t const k = f.position[j];
+    if (k == not_selected) {
+      GRADCOMP_OMP(simd)
+      for (std::size_t i = begin; i < end; ++i) {
+        e.update(i, e.accumulate(i, gradient[i]));
+        gradient[i] = 0.0f;
+      }
+    } else {
+      Value const* summed = f.summed + (static_cast<std::size_t>(k) << f.shift) - begin;
+      GRADCOMP_OMP(simd)
+      for (std::size_t i = begin; i < end; ++i) {
+        float const acc = e.accumulate(i, gradient[i]);
+        e.update(i, mean_codec<Value>::residual(acc, mean_codec<Value>::encode(acc, f.inverse), f.ranks));
+        gradient[i] = mean_codec<Value>::mean(summed[i]);
+      }
+    }
+  }
+}
+
+#if GRADCOMP_HAS_CUDA
+/// The output pass on CUDA: one transform (a warp shares a chunk's choice).
+template <class Value, class EF>
+void topkc_output(cuda_space const& space, std::size_t d, std::size_t, float* gradient, EF const& ef,
+                  topkc_unpack<Value> const& f, gate when) {
+  transform(space, d, inputs(gradient, ef.previous()), outputs(gradient, ef.next()), f, {.when = when});
+}
+#endif
 
 // verify_selection: a hash of the chosen chunks, and the ranks' comparison.
 struct hash_selection {
@@ -263,9 +306,10 @@ struct topk_chunked {
     int const shift = std::countr_zero(chunk_size);
     float const ranks = static_cast<float>(ctx.ranks());
 
-    segmented_reduce<reduction::sum_of_squares>(space, d, chunk_size, inputs(gradient, ef.previous()),
-                     detail::topkc_acc{detail::mean_codec<Value>::limit(ctx.ranks())},
-                     detail::topkc_store_score<Score>{ws.scores.data()}, {}, ctx.bad_count());
+    segmented_reduce<reduction::sum_of_squares>(
+        space, d, chunk_size, inputs(gradient, ef.previous()), detail::topkc_acc{},
+        detail::topkc_store_score<Score>{ws.scores.data()},
+        {.count = ctx.bad_count(), .limit = detail::mean_codec<Value>::limit(ctx.ranks())});
     ctx.agree_all_finite(detail::mean_codec<Value>::out_of_range);
     ctx.all_reduce(ws.scores, reduce_op::sum);
 
@@ -283,9 +327,9 @@ struct topk_chunked {
     transform(space, ws.packed.size(), inputs(), outputs(ws.packed),
               detail::topkc_pack<Value, EF>{gradient.data(), ef, ws.selected.data(), d, shift, 1.0f / ranks});
     ctx.aggregate(ws.packed, ws.scratch);
-    transform(space, d, inputs(gradient, ef.previous()), outputs(gradient, ef.next()),
-              detail::topkc_unpack<Value>{ws.position.data(), ws.packed.data(), shift, 1.0f / ranks, ranks},
-              {.when = ctx.output_gate()});
+    detail::topkc_output(space, d, chunk_size, gradient.data(), ef,
+                         detail::topkc_unpack<Value>{ws.position.data(), ws.packed.data(), shift, 1.0f / ranks, ranks},
+                         ctx.output_gate());
   }
 };
 
