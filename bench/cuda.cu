@@ -128,7 +128,8 @@ int main(int argc, char** argv) {
   using namespace gradcomp;
   benchmark::RegisterBenchmark("cuda/copy", copy)->Apply(sizes);
   bench::register_compressor_rows<registrar>("cuda");
-  // What nonfinite_policy::raise costs on the device: one wait per step.
+  // What nonfinite_policy::raise costs on the device beside propagate: the
+  // verdict's copy at the end of a step, and the next call's look at it.
   registrar::add<bf16, error_feedback::residual, nonfinite_policy::raise>("cuda/bf16+ef+raise");
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

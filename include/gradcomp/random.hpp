@@ -69,17 +69,23 @@ GRADCOMP_HOST_DEVICE float to_unit_float16(std::uint32_t bits) {
   return static_cast<float>(bits & 0xffffu) * 0x1.0p-16f;
 }
 
+/// Word w (0..3) of a Philox block, by selects: a run-time index into the
+/// block would put it in a GPU's local memory.
+GRADCOMP_HOST_DEVICE std::uint32_t word_of(uint4x32 const& words, unsigned w) {
+  std::uint32_t const low = (w & 1u) != 0 ? words.v[1] : words.v[0];
+  std::uint32_t const high = (w & 1u) != 0 ? words.v[3] : words.v[2];
+  return (w & 2u) != 0 ? high : low;
+}
+
 /// Uniform j (0..7) of one Philox block read as eight 16-bit uniforms: the
 /// low, then the high, half of each word. (Rounding decisions need no more:
 /// 16 bits bias a rounding probability by at most 2^-16.) The word is picked
 /// by selects, not an indexed load: a run-time j must not put the block in
 /// a GPU's local memory.
 GRADCOMP_HOST_DEVICE float uniform16(uint4x32 const& words, unsigned j) {
-  std::uint32_t const low = (j & 2u) != 0 ? words.v[1] : words.v[0];
-  std::uint32_t const high = (j & 2u) != 0 ? words.v[3] : words.v[2];
-  std::uint32_t const word = (j & 4u) != 0 ? high : low;
-  return to_unit_float16(word >> (16 * (j & 1u)));
+  return to_unit_float16(word_of(words, j / 2) >> (16 * (j & 1u)));
 }
+
 
 /// What a stream of random numbers is for. Each purpose draws from a key of
 /// its own, derived from the seed.

@@ -9,6 +9,7 @@
 
 #include <gradcomp/config.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string_view>
@@ -52,6 +53,39 @@ GRADCOMP_HOST_DEVICE bool within(float x, float limit) {
 
 /// True for a finite float.
 GRADCOMP_HOST_DEVICE bool is_finite(float x) { return within(x, 3.40282347e38f); }
+
+/// x * y + z rounded once, on host and device alike: where a result must be
+/// the same on both, no compiler may contract or split it differently.
+GRADCOMP_HOST_DEVICE float fused(float x, float y, float z) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(x, y, z);
+#else
+  return std::fma(x, y, z);
+#endif
+}
+/// The same in double.
+GRADCOMP_HOST_DEVICE double fused(double x, double y, double z) {
+#if defined(__CUDA_ARCH__)
+  return __fma_rn(x, y, z);
+#else
+  return std::fma(x, y, z);
+#endif
+}
+
+/// A non-negative double as a float, saturated at float's largest value.
+GRADCOMP_HOST_DEVICE float saturated(double x) {
+  return static_cast<float>(x < 3.4028234663852886e38 ? x : 3.4028234663852886e38);
+}
+
+/// x with its significand rounded to float's 24 bits, keeping double's
+/// range. A product of such a unit and an integer code below 2^24 is exact
+/// in double, so `acc - code * unit` rounds once whether or not a compiler
+/// fuses it (nvcc does by default): host and device agree bit for bit.
+GRADCOMP_HOST_DEVICE double float_precision(double x) {
+  int exponent = 0;
+  double const significand = frexp(x, &exponent);
+  return ldexp(static_cast<double>(static_cast<float>(significand)), exponent);
+}
 
 /// float -> bf16, round to nearest even; NaN stays a (quiet) NaN.
 GRADCOMP_HOST_DEVICE std::uint16_t float_to_bf16_bits(float f) {

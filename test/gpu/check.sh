@@ -9,6 +9,11 @@
 #   test/gpu/check.sh [run]     on the GPU machine: runs the kit's binaries, or
 #                               builds them there first (CMake, ninja, nvcc;
 #                               no network) when the kit has none.
+#   test/gpu/check.sh sass      anywhere (no GPU needed): ptxas's spill report for
+#                               every kernel, and per kernel the 16-byte global
+#                               loads and stores in its machine code (needs
+#                               cuobjdump and nvdisasm: pip install
+#                               nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm).
 #
 # Logs and the benchmark JSON go to $OUT (default .gpu-kit/out).
 set -euo pipefail
@@ -85,8 +90,26 @@ run() {
   [ "$status" = 0 ] || [ "$status" = 77 ]
 }
 
+sass() {
+  local dir=build-sass tools
+  tools=$(python3 -c 'import glob, os, nvidia; print(":".join({os.path.dirname(p) for r in nvidia.__path__ for p in glob.glob(r + "/**/bin/cuobjdump", recursive=True)}))' 2>/dev/null || true)
+  export PATH="${tools:+$tools:}$PATH"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+    -DGRADCOMP_BUILD_EXAMPLES=OFF "-DCMAKE_CUDA_FLAGS=-Xptxas=-v" >/dev/null
+  touch test/gpu/*.cu bench/cuda.cu
+  cmake --build "$dir" --target gradcomp_gpu_tests gradcomp_bench_cuda 2>&1 | grep -E "bytes spill" | sort | uniq -c
+  command -v cuobjdump >/dev/null || { echo "no cuobjdump: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"; return; }
+  echo "16-byte loads / stores in the element-wise (transform) kernels:"
+  cuobjdump -sass "$dir/bench/gradcomp_bench_cuda" | awk '
+    /Function :/ { f = $3; next }
+    /LDG\.E\.128/ { l[f]++ } /STG\.E\.128/ { st[f]++ } /STL|LDL/ { local[f]++ }
+    END { for (k in l) if (k ~ /transform_kernel/) n++; print n " transform kernels use 16-byte loads";
+          for (k in local) m++; print m + 0 " kernels touch local memory (STL/LDL)" }'
+}
+
 case "${1:-run}" in
   prepare) prepare ;;
   run) run ;;
-  *) echo "usage: $0 [prepare|run]" >&2; exit 2 ;;
+  sass) sass ;;
+  *) echo "usage: $0 [prepare|run|sass]" >&2; exit 2 ;;
 esac

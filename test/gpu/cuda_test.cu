@@ -3,6 +3,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <gradcomp/cuda.cuh>
 
+#include "../common/algorithm_suite.hpp"
+#include "../common/powersgd_suite.hpp"
 #include "../common/topk_suite.hpp"
 
 #if GRADCOMP_TEST_NCCL
@@ -56,6 +58,9 @@ TEST_CASE_TEMPLATE_INVOKE(config_mismatch, cuda_local);
 TEST_CASE_TEMPLATE_INVOKE(lengths, cuda_local);
 TEST_CASE_TEMPLATE_INVOKE(wire_bytes, cuda_local);
 TEST_CASE_TEMPLATE_INVOKE(select_matches, cuda_space);
+TEST_CASE_TEMPLATE_INVOKE(transform_matches, cuda_space);
+TEST_CASE_TEMPLATE_INVOKE(transform_gate, cuda_space);
+TEST_CASE_TEMPLATE_INVOKE(reduce_matches, cuda_space);
 TEST_CASE_TEMPLATE_INVOKE(topkc_mean, cuda_local);
 TEST_CASE_TEMPLATE_INVOKE(topk_mean, cuda_local);
 TEST_CASE_TEMPLATE_INVOKE(sparse_conserves, cuda_space);
@@ -142,6 +147,115 @@ TEST_CASE("the bf16 pipeline gives bitwise the host's result on the device") {
     device_out[comm.rank()] = reduce_steps<bf16, error_feedback::residual>(comm, cuda_space{}, steps).back();
   });
   for (int r = 0; r < 4; ++r) CHECK(host_out[r] == device_out[r]);
+}
+
+namespace {
+
+// Runs two steps of compressor c eagerly on one allreducer, and on another
+// the first step eagerly and the second captured into a CUDA Graph and
+// replayed; returns both second steps' outputs and residuals. The capture is
+// in global mode, where any call that waits for the host (a stream or event
+// synchronization, a blocking copy) or allocates makes the capture fail:
+// that the step captures at all shows it never waits.
+template <class C>
+void check_captured_step(C const& c, gradcomp::bucket_layout const& layout) {
+  using namespace gradcomp;
+  using namespace gradcomp::testing;
+  cudaStream_t stream = nullptr;
+  GRADCOMP_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    cuda_space const space{stream};
+    single_rank<cuda_space> world(space);
+    std::size_t const d = layout.size();
+    auto const first = random_gradient(11, 0, d), second = random_gradient(12, 0, d);
+    allreducer<C, error_feedback::residual, single_rank<cuda_space>> eager(c, world, layout, space),
+        captured(c, world, layout, space);
+    auto e1 = upload(space, first), e2 = upload(space, second), c1 = upload(space, first), c2 = upload(space, second);
+    eager(e1.view());
+    eager(e2.view());
+    eager.synchronize();
+    captured(c1.view());
+    captured.synchronize();
+    cudaGraph_t graph = nullptr;
+    GRADCOMP_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    captured(c2.view());
+    GRADCOMP_CUDA_TRY(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    GRADCOMP_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+    GRADCOMP_CUDA_TRY(cudaGraphLaunch(exec, stream));
+    CHECK_NOTHROW(captured.synchronize());
+    INFO(std::string(C::name));
+    CHECK(download(space, e2.data(), d) == download(space, c2.data(), d));
+    auto const re = download(space, eager.residual().data(), d), rc = download(space, captured.residual().data(), d);
+    CHECK(std::memcmp(re.data(), rc.data(), d * sizeof(float)) == 0);
+    GRADCOMP_CUDA_TRY(cudaGraphExecDestroy(exec));
+    GRADCOMP_CUDA_TRY(cudaGraphDestroy(graph));
+  }
+  GRADCOMP_CUDA_TRY(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+
+// A step of every compressor captures into a CUDA Graph (so nothing in it
+// waits for the host or allocates) and replays with the eager result.
+TEST_CASE("a step captures into a CUDA Graph and replays with the same result") {
+  using namespace gradcomp;
+  bucket_layout const flat(300001);
+  check_captured_step(bf16{}, flat);
+  check_captured_step(fp32{}, flat);
+  check_captured_step(topk_chunked<>{.chunk_size = 64}, flat);
+  check_captured_step(thc<>{}, flat);
+  check_captured_step(qsgd_maxnorm<>{}, flat);
+  check_captured_step(qsgd_multiscale{}, flat);
+  check_captured_step(global_randk<>{.k = 1000}, flat);
+  check_captured_step(intsgd<>{}, flat);
+  bucket_layout matrices;
+  matrices.add({300, 200}).add({200}).add({64, 300});
+  check_captured_step(powersgd<>{.rank = 4}, matrices);
+}
+
+// The test above can fail: a host wait inside a capture does break it.
+TEST_CASE("capturing a host wait fails, as the capture test relies on") {
+  cudaStream_t stream = nullptr;
+  GRADCOMP_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  GRADCOMP_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  CHECK(cudaStreamSynchronize(stream) != cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  CHECK(cudaStreamEndCapture(stream, &graph) != cudaSuccess);  // the capture was invalidated
+  cudaGetLastError();
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// On the device a bad step is reported at the next call, on every rank, with
+// the gradient and the residual untouched and the step not counted.
+TEST_CASE("the CUDA space reports a bad step at the next call, before enqueuing anything") {
+  using namespace gradcomp;
+  using namespace gradcomp::testing;
+  local_group::run(2, [](local_group::communicator& comm) {
+    cuda_space const space{};
+    std::size_t const d = 10000;
+    allreducer<bf16, error_feedback::residual, local_group::communicator, allreduce_aggregator, cuda_space> reduce(
+        bf16{}, comm, bucket_layout(d), space);
+    auto clean = upload(space, random_gradient(1, comm.rank(), d));
+    reduce(clean.view());
+    auto const residual = download(space, reduce.residual().data(), d);
+    auto g = random_gradient(2, comm.rank(), d);
+    if (comm.rank() == 1) g[9] = std::numeric_limits<float>::infinity();
+    auto bad = upload(space, g);
+    CHECK_NOTHROW(reduce(bad.view()));  // enqueued; the verdict is on its way
+    auto next = upload(space, random_gradient(3, comm.rank(), d));
+    auto const next_before = download(space, next.data(), d);
+    CHECK_THROWS_AS(reduce(next.view()), nonfinite_error);
+    CHECK(download(space, next.data(), d) == next_before);  // nothing was enqueued for it
+    auto const g_after = download(space, bad.data(), d);
+    CHECK(std::memcmp(g_after.data(), g.data(), d * sizeof(float)) == 0);
+    auto const residual_after = download(space, reduce.residual().data(), d);
+    CHECK(std::memcmp(residual_after.data(), residual.data(), d * sizeof(float)) == 0);
+    CHECK(reduce.steps() == 1);
+    CHECK_NOTHROW(settled_step(reduce, next.view()));
+    CHECK(reduce.steps() == 2);
+  });
 }
 
 #if GRADCOMP_TEST_NCCL

@@ -51,8 +51,6 @@ GRADCOMP_HOST_DEVICE float clamp_symmetric(float x, float limit) {
   return x > limit ? limit : x;
 }
 
-/// A positive double as a float, saturated at float's largest value.
-GRADCOMP_HOST_DEVICE float saturated(double x) { return static_cast<float>(x < 3.4028234663852886e38 ? x : 3.4028234663852886e38); }
 
 /// The scales of one step of a QSGD-style quantizer, from the agreed squared
 /// norm: x = acc x scale is the code before rounding, code x unit this rank's
@@ -62,7 +60,8 @@ struct qsgd_scale {
   double unit, mean_unit;
   GRADCOMP_HOST_DEVICE static qsgd_scale of(double squared_norm, double levels, double ranks) {
     double const norm = sqrt(squared_norm);
-    return {norm > 0.0 ? saturated(levels / norm) : 0.0f, norm / levels, norm / (levels * ranks)};
+    return {norm > 0.0 ? saturated(levels / norm) : 0.0f, float_precision(norm / levels),
+            float_precision(norm / (levels * ranks))};
   }
   /// acc's code: acc x scale clamped to +-limit, rounded at random with u.
   GRADCOMP_HOST_DEVICE std::int32_t code(float acc, float u, float limit) const {

@@ -58,7 +58,7 @@ struct intsgd_encode {
     intsgd_encode b = *this;
     double const alpha = p.alpha(*r);
     b.alpha = saturated(alpha);
-    b.inverse = 1.0 / alpha;
+    b.inverse = float_precision(1.0 / alpha);  // (the residual's product is then exact)
     return b;
   }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, float g, float e, float u, Lane& code, float& e_next) const {
@@ -102,7 +102,7 @@ struct intsgd_update {  // r <- beta r + (1 - beta) ||g||^2, kept only if finite
   GRADCOMP_HOST_DEVICE void operator()(std::size_t) const {
     double const r = state[first ? intsgd_first : intsgd_r];
     double const mean = 1.0 / (p.ranks * p.alpha(r));
-    double const next = beta * r + (1.0 - beta) * (state[intsgd_sums] * mean * mean);
+    double const next = fused(beta, r, (1.0 - beta) * (state[intsgd_sums] * mean * mean));  // the same bits everywhere
     state[intsgd_r] = next <= 1.79769313486231570e308 ? next : r;
   }
 };

@@ -38,14 +38,16 @@ struct multiscale_scales {
   double ranks;
 };
 
-/// a[j] by selects rather than an indexed load, so element loops vectorize
-/// and a GPU keeps the array in registers.
+/// Four values, one per scale, as separate members and picked by selects: an
+/// array indexed at run time would be a memory load (nvcc turns even a
+/// select chain over an array back into one), which keeps element loops from
+/// vectorizing and puts a GPU thread's copy in local memory.
 template <class T>
-GRADCOMP_HOST_DEVICE T pick(T const (&a)[max_scales], unsigned j) {
-  T x = a[0];
-  for (unsigned s = 1; s < max_scales; ++s) x = j == s ? a[s] : x;
-  return x;
-}
+struct per_scale {
+  T v0, v1, v2, v3;
+  GRADCOMP_HOST_DEVICE T operator[](unsigned j) const { return j == 3 ? v3 : j == 2 ? v2 : j == 1 ? v1 : v0; }
+  GRADCOMP_HOST_DEVICE static per_scale of(T const (&a)[max_scales]) { return {a[0], a[1], a[2], a[3]}; }
+};
 
 /// The step's per-scale factors, from the agreed squared norm (qsgd_scale's).
 struct multiscale_factors {
@@ -63,61 +65,66 @@ struct multiscale_factors {
   }
 };
 
-struct multiscale_propose {  // the finest scale whose code fits this rank's share
+/// Computes the step's factors once, from the agreed norm (one thread).
+struct multiscale_bind {
   double const* squared_norm;
   multiscale_scales m;
-  float scale[max_scales] = {};
+  multiscale_factors* factors;
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t) const { *factors = multiscale_factors::of(m, *squared_norm); }
+};
+
+struct multiscale_propose {  // the finest scale whose code fits this rank's share
+  multiscale_factors const* factors;
+  multiscale_scales m;
+  per_scale<float> scale{};
   GRADCOMP_HOST_DEVICE multiscale_propose bind() const {
     multiscale_propose b = *this;
-    multiscale_factors const f = multiscale_factors::of(m, *squared_norm);
-    for (int j = 0; j < max_scales; ++j) b.scale[j] = f.scale[j];
+    b.scale = per_scale<float>::of(factors->scale);
     return b;
   }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, float g, float e, std::uint8_t& index) const {
     float const acc = finite_or_zero(g + e);
     float const magnitude = acc < 0.0f ? -acc : acc;
     // Scales ascend, so the finest that fits is the count of finer ones that
-    // fit; a fixed trip count lets loops vectorize.
-    std::int32_t finest = 0;
-    for (int j = 1; j < max_scales; ++j)
-      finest += static_cast<std::int32_t>((j < m.count) & (magnitude * scale[j] <= m.share));
+    // fit (unused scales never fit).
+    std::int32_t const finest = static_cast<std::int32_t>((1 < m.count) & (magnitude * scale.v1 <= m.share)) +
+                                static_cast<std::int32_t>((2 < m.count) & (magnitude * scale.v2 <= m.share)) +
+                                static_cast<std::int32_t>((3 < m.count) & (magnitude * scale.v3 <= m.share));
     index = static_cast<std::uint8_t>(finest);
   }
 };
 
 struct multiscale_encode {
-  double const* squared_norm;
-  multiscale_scales m;
-  float scale[max_scales] = {};
-  double unit[max_scales] = {};
+  multiscale_factors const* factors;
+  float share;
+  per_scale<float> scale{};
+  per_scale<double> unit{};
   GRADCOMP_HOST_DEVICE multiscale_encode bind() const {
     multiscale_encode b = *this;
-    multiscale_factors const f = multiscale_factors::of(m, *squared_norm);
-    for (int j = 0; j < max_scales; ++j) b.scale[j] = f.scale[j], b.unit[j] = f.unit[j];
+    b.scale = per_scale<float>::of(factors->scale);
+    b.unit = per_scale<double>::of(factors->unit);
     return b;
   }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, float g, float e, std::uint8_t index, float u, std::int8_t& code,
                                        float& e_next) const {
     float const acc = g + e;
-    qsgd_scale const k{pick(scale, index), pick(unit, index), 0.0};
-    std::int32_t const c = k.code(acc, u, m.share);
+    qsgd_scale const k{scale[index], unit[index], 0.0};
+    std::int32_t const c = k.code(acc, u, share);
     code = static_cast<std::int8_t>(c);
     e_next = k.residual(acc, c);
   }
 };
 
 struct multiscale_decode {
-  double const* squared_norm;
-  multiscale_scales m;
-  double mean_unit[max_scales] = {};
+  multiscale_factors const* factors;
+  per_scale<double> mean_unit{};
   GRADCOMP_HOST_DEVICE multiscale_decode bind() const {
     multiscale_decode b = *this;
-    multiscale_factors const f = multiscale_factors::of(m, *squared_norm);
-    for (int j = 0; j < max_scales; ++j) b.mean_unit[j] = f.mean_unit[j];
+    b.mean_unit = per_scale<double>::of(factors->mean_unit);
     return b;
   }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, std::int8_t sum, std::uint8_t index, float& g) const {
-    g = static_cast<float>(static_cast<double>(sum) * pick(mean_unit, index));
+    g = static_cast<float>(static_cast<double>(sum) * mean_unit[index]);
   }
 };
 
@@ -165,6 +172,7 @@ struct qsgd_multiscale {
   template <class Memory>
   struct workspace {
     span<double, Memory> squared_norm;
+    span<detail::multiscale_factors, Memory> factors;  ///< The step's, from the agreed norm.
     span<std::byte, Memory> reduce;
     span<std::uint8_t, Memory> index;  ///< Proposed, then agreed, scale per coordinate.
     span<std::int8_t, Memory> codes;
@@ -176,6 +184,7 @@ struct qsgd_multiscale {
   workspace<Memory> carve(workspace_carver<Memory>& w, bucket_layout const& layout, int ranks) const {
     workspace<Memory> ws;
     ws.squared_norm = w.template take<double>(1);
+    ws.factors = w.template take<detail::multiscale_factors>(1);
     ws.reduce = w.template take<std::byte>(segmented_reduce_scratch_bytes(layout.size(), layout.size()));
     ws.index = w.template take<std::uint8_t>(layout.size());
     ws.codes = w.template take<std::int8_t>(layout.size());
@@ -207,17 +216,18 @@ struct qsgd_multiscale {
     auto const& ef = ctx.error_feedback();
     std::size_t const d = gradient.size();
     detail::multiscale_scales const m = scales_for(ctx.ranks());
-    double const* norm = ws.squared_norm.data();
+    detail::multiscale_factors const* factors = ws.factors.data();
 
     detail::agree_largest_squared_norm(ctx, d, inputs(gradient, ef.previous()), ws.squared_norm, ws.reduce);
-    transform(space, d, inputs(gradient, ef.previous()), outputs(ws.index), detail::multiscale_propose{norm, m});
+    parallel_for(space, 1, detail::multiscale_bind{ws.squared_norm.data(), m, ws.factors.data()});
+    transform(space, d, inputs(gradient, ef.previous()), outputs(ws.index), detail::multiscale_propose{factors, m});
     ctx.all_reduce(ws.index, reduce_op::min);
     transform(space, d,
               inputs(gradient, ef.previous(), ws.index,
                      rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
-              outputs(ws.codes, ef.next()), detail::multiscale_encode{norm, m});
+              outputs(ws.codes, ef.next()), detail::multiscale_encode{factors, m.share});
     ctx.aggregate(ws.codes, ws.scratch);
-    transform(space, d, inputs(ws.codes, ws.index), outputs(gradient), detail::multiscale_decode{norm, m},
+    transform(space, d, inputs(ws.codes, ws.index), outputs(gradient), detail::multiscale_decode{factors},
               {.when = ctx.output_gate()});
   }
 };

@@ -51,10 +51,11 @@ struct thc_block_params {
     std::size_t const g = b * block / group, padded = (n + block - 1) / block * block;
     return static_cast<double>((g + 1) * group <= padded ? group : padded - g * group);
   }
-  /// sqrt(coordinates in the group) / max norm x rotation, or 0 for a zero group.
+  /// sqrt(coordinates in the group) / max norm x rotation, or 0 for a zero
+  /// group (saturated: a group whose norm is below about 1e-37 sends zeros).
   GRADCOMP_HOST_DEVICE float forward_scale(std::size_t b) const {
     double const norm = sqrt(norms[b * block / group]);
-    return norm > 0.0 ? static_cast<float>(sqrt(group_coordinates(b)) / norm * rotation) : 0.0f;
+    return norm > 0.0 ? saturated(sqrt(group_coordinates(b)) / norm * rotation) : 0.0f;
   }
   /// max norm / sqrt(coordinates in the group) x rotation.
   GRADCOMP_HOST_DEVICE float backward_scale(std::size_t b) const {

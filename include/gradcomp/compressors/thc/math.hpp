@@ -4,7 +4,6 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
-#include <gradcomp/detail/lane_sum.hpp>
 #include <gradcomp/random.hpp>
 #include <gradcomp/types.hpp>
 
@@ -19,7 +18,7 @@ namespace gradcomp::inline GRADCOMP_ABI::detail {
 GRADCOMP_HOST_DEVICE float thc_sign(random_stream const& shared, std::size_t i) {
   uint4x32 const words = shared(i / 128);
   unsigned const bit = static_cast<unsigned>(i % 128);
-  return bits_float(0x3f800000u | (((words.v[bit / 32] >> (bit % 32)) & 1u) << 31));
+  return bits_float(0x3f800000u | (((word_of(words, bit / 32) >> (bit % 32)) & 1u) << 31));
 }
 
 /// The signs of elements [first, first + 128) into signs[0..128): the same

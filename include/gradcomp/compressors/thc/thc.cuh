@@ -24,13 +24,13 @@ struct thc_shared {
   std::uint32_t* sign_bits;
 };
 
-__device__ inline thc_shared thc_carve_shared(float* memory, std::size_t block) {
+__device__ __forceinline__ thc_shared thc_carve_shared(float* memory, std::size_t block) {
   return {memory, memory + block, reinterpret_cast<std::uint32_t*>(memory + 2 * block)};
 }
 
 // The sign bits of the block starting at `first` (blocks of 128 or more:
 // whole Philox calls; smaller blocks take thc_sign element by element).
-__device__ inline void thc_load_signs(thc_block_params const& p, std::size_t first, std::uint32_t* bits) {
+__device__ __forceinline__ void thc_load_signs(thc_block_params const& p, std::size_t first, std::uint32_t* bits) {
   if (p.block < 128) return;
   for (std::size_t k = threadIdx.x; k < p.block / 128; k += blockDim.x) {
     uint4x32 const words = p.shared(first / 128 + k);
@@ -38,13 +38,13 @@ __device__ inline void thc_load_signs(thc_block_params const& p, std::size_t fir
   }
 }
 
-__device__ inline float thc_block_sign(thc_block_params const& p, std::uint32_t const* bits, std::size_t first,
+__device__ __forceinline__ float thc_block_sign(thc_block_params const& p, std::uint32_t const* bits, std::size_t first,
                                        std::size_t t) {
   if (p.block < 128) return thc_sign(p.shared, first + t);
   return bits_float(0x3f800000u | (((bits[t / 32] >> (t % 32)) & 1u) << 31));
 }
 
-__device__ inline void thc_rotate_shared(thc_block_params const& p, float* x) {
+__device__ __forceinline__ void thc_rotate_shared(thc_block_params const& p, float* x) {
   for (int s = 0; s < p.stages; ++s) {
     for (std::size_t q = threadIdx.x; q < p.block / 2; q += blockDim.x) thc_butterfly(x, q, s);
     __syncthreads();
@@ -52,8 +52,8 @@ __device__ inline void thc_rotate_shared(thc_block_params const& p, float* x) {
 }
 
 template <class Lane, class EF>
-__device__ void thc_run_block(thc_encode<Lane, EF> const& f, std::size_t b, float* memory, gate_state) {
-  thc_block_params const& p = f.p;
+__device__ void thc_run_block(thc_encode<Lane, EF> const f, std::size_t b, float* memory, gate_state) {
+  thc_block_params const p = f.p;  // (by value: the address of a kernel parameter would copy it to local memory)
   thc_shared const sh = thc_carve_shared(memory, p.block);
   std::size_t const first = b * p.block;
   auto const ef = f.ef.bind();
@@ -84,8 +84,8 @@ __device__ void thc_run_block(thc_encode<Lane, EF> const& f, std::size_t b, floa
 }
 
 template <class Lane>
-__device__ void thc_run_block(thc_decode<Lane> const& f, std::size_t b, float* memory, gate_state state) {
-  thc_block_params const& p = f.p;
+__device__ void thc_run_block(thc_decode<Lane> const f, std::size_t b, float* memory, gate_state state) {
+  thc_block_params const p = f.p;  // (by value: the address of a kernel parameter would copy it to local memory)
   std::size_t const first = b * p.block;
   if (state == gate_state::poisoned) {  // a vetoed step under propagate: NaN
     for (std::size_t t = threadIdx.x; t < p.block && first + t < p.n; t += blockDim.x)
