@@ -160,11 +160,9 @@ class allreducer {
   /// anything. During CUDA Graph capture it never waits: the verdict of
   /// captured steps is read by synchronize().
   void operator()(span<float, memory> gradient) {
-    GRADCOMP_EXPECTS(gradient.size() == layout_.size(),
-                     "allreducer: the gradient has " + std::to_string(gradient.size()) +
-                         " elements but the bucket was set up for " + std::to_string(layout_.size()));
     [[maybe_unused]] auto const guard = channel_.bind_device();
     settle();
+    if (gradient.size() != layout_.size()) refuse(gradient.size());
     if (gradient.empty())
       ++step_;  // nothing to agree on: an empty bucket always commits
     else
@@ -232,6 +230,20 @@ class allreducer {
     }
   }
 
+  // A call this rank cannot make: it still takes part in the step's first
+  // collective, the agreement, so that every other rank fails the step
+  // rather than wait for it; then it throws.
+  void refuse(std::size_t size) {
+    if (layout_.size() != 0) {  // (an empty bucket's step has no collective to take part in)
+      std::uint64_t const words[2] = {detail::refusal, 0};
+      space_.from_host(status_.data(), words, sizeof words);
+      collective_->all_reduce(status_.data(), status_.data() + detail::veto, 1, reduce_op::sum);
+    }
+    throw invalid_argument("allreducer: the gradient has " + std::to_string(size) +
+                           " elements but the bucket was set up for " + std::to_string(layout_.size()) +
+                           " (every rank skips this step)");
+  }
+
   // The verdict of the previous step, where it is still on its way.
   void settle() {
     if (!channel_.pending() || channel_.capturing()) return;
@@ -245,7 +257,7 @@ class allreducer {
 
   void fail(std::uint64_t /*failed*/, std::uint64_t veto, std::uint64_t local) {
     space_.fill_zero(status_.data() + detail::failed_steps, sizeof(std::uint64_t));
-    if (options_.nonfinite == nonfinite_policy::raise || (veto & detail::fault_bit) != 0)
+    if (options_.nonfinite == nonfinite_policy::raise || detail::is_fault(veto))
       detail::throw_step_failure(veto, local, collective_->rank(), what_);
   }
 

@@ -55,6 +55,15 @@ enum status_word : std::size_t {
 /// own check, e.g. TopK-Chunked's verify_selection): a collective_error.
 inline constexpr std::uint64_t fault_bit = std::uint64_t{1} << 63;
 
+/// What a rank that refuses a step (its gradient has the wrong length) adds
+/// to the agreement in place of a count: every rank then fails the step
+/// instead of waiting for it (bad-value counts stay far below this).
+inline constexpr std::uint64_t refusal = std::uint64_t{1} << 48;
+
+/// True when a veto says the ranks were inconsistent rather than that some
+/// values were bad.
+GRADCOMP_HOST_DEVICE bool is_fault(std::uint64_t veto_word) { return veto_word >= refusal; }
+
 /// The end of a step: flip the error-feedback side if nobody vetoed, else
 /// record the failure. One thread.
 struct commit_step {
@@ -76,6 +85,10 @@ inline void throw_step_failure(std::uint64_t veto_word, std::uint64_t local, int
   if ((veto_word & fault_bit) != 0)
     throw collective_error(std::string(what != nullptr ? what : "the ranks disagreed") +
                            "; every rank skipped the step and kept its state");
+  if (is_fault(veto_word))
+    throw collective_error(std::to_string(veto_word / refusal) +
+                           " rank(s) refused this step (a gradient of the wrong length); every rank skipped it and "
+                           "kept its state");
   throw nonfinite_error(std::to_string(veto_word) + " value(s) of g + e across the ranks (" + std::to_string(local) +
                         " on rank " + std::to_string(rank) + ") were " +
                         (what != nullptr ? what : "NaN or infinite") +

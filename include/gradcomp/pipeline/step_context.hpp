@@ -116,7 +116,8 @@ class step_context {
     p_.collective.all_reduce(p_.status + detail::local_bad, p_.status + detail::veto, 1, reduce_op::sum);
     wire_bytes_ += sizeof(std::uint64_t);
     if constexpr (std::is_same_v<memory, host_memory>)
-      if (p_.policy == nonfinite_policy::raise && p_.status[detail::veto] != 0)
+      if ((p_.policy == nonfinite_policy::raise && p_.status[detail::veto] != 0) ||
+          detail::is_fault(p_.status[detail::veto]))
         detail::throw_step_failure(p_.status[detail::veto], p_.status[detail::local_bad], rank(), what_);
   }
 
@@ -140,8 +141,7 @@ class step_context {
   void fault_checked(char const* what) {
     what_ = what;
     if constexpr (std::is_same_v<memory, host_memory>)
-      if ((p_.status[detail::veto] & detail::fault_bit) != 0)
-        detail::throw_step_failure(p_.status[detail::veto], 0, rank(), what_);
+      if (detail::is_fault(p_.status[detail::veto])) detail::throw_step_failure(p_.status[detail::veto], 0, rank(), what_);
   }
 
   /// What the last agreement or check was about (a string literal).

@@ -4,7 +4,10 @@
 // share, so the scale costs no communication.
 //
 // Per step, with acc = g + e and r the running mean of ||output||^2:
-//   alpha = alpha0 sqrt(d) / (sqrt(2n) sqrt(r + 1e-16))
+//   alpha = alpha0 sqrt(d) / (sqrt(2n) sqrt(r))
+// (The paper adds 1e-16 to r against a zero r; that makes the scale depend
+// on the gradients' magnitude: below ||g||^2 = 1e-16 nothing would be sent.
+// gradcomp guards r = 0 alone, where every code is zero anyway.)
 //   1. check pass [reads g, e] (the first step: the norm pass instead);
 //   2. encode pass [reads g, e; writes q, e]: q = round(alpha acc) (stochastic
 //      and unbiased, or to nearest), clamped to [-M/n, (M-1)/n] so the n-rank
@@ -44,7 +47,7 @@ struct intsgd_scale {
   double alpha0, dimension, ranks;
   double low, high;  // -floor(M / n), floor((M - 1) / n)
   GRADCOMP_HOST_DEVICE double alpha(double r) const {
-    return alpha0 * sqrt(dimension) / (sqrt(2.0 * ranks) * sqrt(r + 1e-16));
+    return alpha0 * sqrt(dimension) / (sqrt(2.0 * ranks) * sqrt(r > 0.0 ? r : 4.9406564584124654e-324));
   }
 };
 

@@ -33,15 +33,15 @@ void gram_schmidt(host_space const&, Resources&, float* a, std::size_t length, s
       double norm2 = 0.0;
       for (std::size_t i = 0; i < length; ++i)
         norm2 += static_cast<double>(v[i * element_stride]) * v[i * element_stride];
-      float const scale = gram_schmidt_scale(norm2, eps);
-      for (std::size_t i = 0; i < length; ++i) v[i * element_stride] *= scale;
+      double const scale = gram_schmidt_scale(norm2, eps);
+      for (std::size_t i = 0; i < length; ++i) v[i * element_stride] = scaled(v[i * element_stride], scale);
       for (std::size_t j = k + 1; j < count; ++j) {
         float* w = a + j * vector_stride;
         double dot = 0.0;
         for (std::size_t i = 0; i < length; ++i)
           dot += static_cast<double>(v[i * element_stride]) * w[i * element_stride];
-        float const projection = static_cast<float>(dot);
-        for (std::size_t i = 0; i < length; ++i) w[i * element_stride] -= projection * v[i * element_stride];
+        for (std::size_t i = 0; i < length; ++i)
+          w[i * element_stride] = projected(w[i * element_stride], dot, v[i * element_stride]);
       }
     }
   }

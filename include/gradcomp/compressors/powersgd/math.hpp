@@ -17,18 +17,28 @@ inline constexpr int gram_schmidt_passes = 2;
 
 /// The factor Gram-Schmidt scales a column of squared norm `norm2` by:
 /// 1 / (||col|| + eps), as PyTorch's hook does; a zero column stays zero
-/// (factor 0) instead of becoming 0 / 0 = NaN when eps is 0. The norm is a
-/// double: squares of gradients near 1e-25 or 1e30 are out of float's range.
-GRADCOMP_HOST_DEVICE float gram_schmidt_scale(double norm2, float eps) {
+/// (factor 0) instead of becoming 0 / 0 = NaN when eps is 0. Norms, factors
+/// and projections are doubles: squares of gradients near 1e-25 or 1e30 are
+/// out of float's range, and the factor of a column of denormals out of it.
+GRADCOMP_HOST_DEVICE double gram_schmidt_scale(double norm2, float eps) {
   double const norm = sqrt(norm2);
-  return norm > 0.0 ? static_cast<float>(1.0 / (norm + static_cast<double>(eps))) : 0.0f;
+  return norm > 0.0 ? 1.0 / (norm + static_cast<double>(eps)) : 0.0;
 }
 
-/// acc = g + e, bad when not finite (the acc pass of a compressed step).
+/// v x scale, computed in double.
+GRADCOMP_HOST_DEVICE float scaled(float v, double scale) { return static_cast<float>(static_cast<double>(v) * scale); }
+/// w - projection x v, computed in double.
+GRADCOMP_HOST_DEVICE float projected(float w, double projection, float v) {
+  return static_cast<float>(static_cast<double>(w) - projection * static_cast<double>(v));
+}
+
+/// acc = g + e, bad when NaN or beyond `limit`, where the products P = M Q
+/// and Q = M^T P could overflow (the acc pass of a compressed step).
 struct psgd_accumulate {
+  float limit;
   GRADCOMP_HOST_DEVICE bool operator()(std::size_t, float g, float e, float& acc) const {
     acc = g + e;
-    return !((acc >= -3.40282347e38f) & (acc <= 3.40282347e38f));
+    return !within(acc, limit);
   }
 };
 

@@ -71,8 +71,8 @@ __global__ void __launch_bounds__(Threads)
       double const norm2 = reduce(temp).Sum(part);
       if (threadIdx.x == 0) shared = norm2;
       __syncthreads();
-      float const scale = gram_schmidt_scale(shared, eps);
-      for (std::size_t i = threadIdx.x; i < length; i += blockDim.x) v[i * es] *= scale;
+      double const scale = gram_schmidt_scale(shared, eps);
+      for (std::size_t i = threadIdx.x; i < length; i += blockDim.x) v[i * es] = scaled(v[i * es], scale);
       __syncthreads();
       for (std::size_t j = k + 1; j < count; ++j) {
         float* w = a + j * vs;
@@ -82,8 +82,8 @@ __global__ void __launch_bounds__(Threads)
         double const total = reduce(temp).Sum(dot);
         if (threadIdx.x == 0) shared = total;
         __syncthreads();
-        float const projection = static_cast<float>(shared);
-        for (std::size_t i = threadIdx.x; i < length; i += blockDim.x) w[i * es] -= projection * v[i * es];
+        double const projection = shared;
+        for (std::size_t i = threadIdx.x; i < length; i += blockDim.x) w[i * es] = projected(w[i * es], projection, v[i * es]);
         __syncthreads();
       }
     }

@@ -154,6 +154,18 @@ struct powersgd {
     return s;
   }
 
+  /// The largest |g + e| a compressed step admits: a product of M with an
+  /// orthonormal or a standard normal Q sums a row's or a column's worth of
+  /// terms, each under 8 |M|, so with |M| below max(float) / (8 x the
+  /// longest side) no product overflows.
+  float range(bucket_layout const& layout) const {
+    std::size_t longest = 1;
+    for_each_part(layout, [&](detail::psgd_tensor const& t) {
+      if (t.rank != 0) longest = std::max({longest, t.rows, t.cols});
+    });
+    return static_cast<float>(3.4028234663852886e38 / (8.0 * static_cast<double>(longest)));
+  }
+
   /// Throws for a rank of 0 or a negative compression rate.
   void validate(bucket_layout const& layout, int /*ranks*/) const {
     GRADCOMP_EXPECTS(rank >= 1, "powersgd: the rank must be at least 1");
@@ -233,9 +245,9 @@ struct powersgd {
                 {.when = ctx.output_gate()});
       return;
     }
-    transform(space, d, inputs(gradient, ef.previous()), outputs(ws.acc), detail::psgd_accumulate{},
+    transform(space, d, inputs(gradient, ef.previous()), outputs(ws.acc), detail::psgd_accumulate{range(ctx.layout())},
               {.count = ctx.bad_count()});
-    ctx.agree_all_finite("NaN or infinite");
+    ctx.agree_all_finite("NaN, infinite or beyond PowerSGD's range (max(float) / (8 x the longest matrix side))");
     if (ctx.step() == start_step || !warm_start)  // the same Q on every rank
       transform(space, ws.q_work.size(), inputs(), outputs(ws.q_work),
                 detail::psgd_normal_fill{ctx.random(seed, random_purpose::projection, random_stream::shared)});

@@ -1,0 +1,353 @@
+// Properties every compressor must have, over 2, 3, 4 and 7 in-process
+// ranks, with and without error feedback, on buckets of odd sizes: every
+// rank gets bitwise the same output; the same inputs give the same bits;
+// error feedback loses nothing over hundreds of steps; a bad value on one
+// rank commits nothing under either policy; extreme magnitudes come back
+// finite; a configuration or a call that one rank cannot use fails on every
+// rank without a hang (an MPI-like collective with a watchdog); sizes that
+// overflow are refused.
+#include "common/harness.hpp"
+#include "common/mpi_like.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#if GRADCOMP_HAS_OPENMP
+#include <omp.h>
+#endif
+
+namespace {
+
+using namespace gradcomp;
+using namespace gradcomp::testing;
+
+// Shapes of odd sizes: a matrix (PowerSGD compresses it), a bias, a 3-D tensor.
+bucket_layout odd_layout(std::size_t scale) {
+  bucket_layout layout;
+  layout.add({17 * scale, 23}).add({5 * scale + 2}).add({3, 3, 3});
+  return layout;
+}
+
+// Every compressor, small enough for 7 ranks and sanitizers, and the unit
+// roundoff that bounds one step's bookkeeping error (what a lane's sum or a
+// decode rounds away; zero where integers sum exactly).
+template <class F>
+void for_each_compressor(F&& f) {
+  f(fp32{}, 0x1.0p-23);
+  f(bf16{}, 0x1.0p-8);
+  f(fp16{}, 0x1.0p-10);
+  f(topk_chunked<>{.chunk_size = 16, .fraction = 0.2}, 0x1.0p-8);
+  f(topk<bfloat16>{.fraction = 0.1}, 0x1.0p-22);
+  f(thc<>{.block = 64}, 0x1.0p-16);
+  f(qsgd_maxnorm<std::int32_t>{.bits = 8}, 0x1.0p-20);
+  f(qsgd_multiscale{}, 0x1.0p-20);
+  f(global_randk<>{.k = 40}, 0x1.0p-20);
+  f(intsgd<>{}, 0x1.0p-20);
+  f(powersgd<>{.rank = 2, .min_compression_rate = 1}, 0x1.0p-18);
+}
+
+template <class C, class EF, class Collective>
+using reducer_t = allreducer<C, EF, Collective, default_aggregator_t<C>, host_space>;
+
+
+}  // namespace
+
+TEST_CASE("every compressor gives every rank the same bits, and the same inputs the same bits") {
+  for (int ranks : {2, 3, 4, 7}) {
+    for_each_compressor([&](auto c, double) {
+      using C = decltype(c);
+      auto run = [&](auto ef) {
+        using EF = decltype(ef);
+        std::vector<std::vector<float>> last(ranks);
+        local_group::run(ranks, [&](local_group::communicator& comm) {
+          reducer_t<C, EF, local_group::communicator> reduce(c, comm, odd_layout(2), host_space{});
+          std::size_t const d = reduce.layout().size();
+          for (int step = 0; step < 3; ++step) {
+            auto g = random_gradient(1000 + step, comm.rank(), d);
+            reduce({g.data(), d});
+            INFO(C::name << ", " << ranks << " ranks, step " << step);
+            CHECK(same_as_rank0(comm, g));
+            last[comm.rank()] = g;
+          }
+        });
+        return last;
+      };
+      auto const a = run(error_feedback::residual{}), b = run(error_feedback::residual{});
+      INFO(C::name << ", " << ranks << " ranks");
+      CHECK(std::memcmp(a[0].data(), b[0].data(), a[0].size() * sizeof(float)) == 0);
+      run(error_feedback::none{});
+    });
+  }
+}
+
+// Over many steps, what the ranks output plus what they keep is what they
+// had: sum_t out_t + mean_r e_r,T = sum_t mean_r g_r,t, to the rounding of
+// each step's sums and decodes (bounded here step by step).
+TEST_CASE("error feedback loses nothing over hundreds of steps") {
+  for (int ranks : {3, 4}) {
+    for_each_compressor([&](auto c, double unit) {
+      using C = decltype(c);
+      local_group::run(ranks, [&](local_group::communicator& comm) {
+        reducer_t<C, error_feedback::residual, local_group::communicator> reduce(c, comm, odd_layout(1), host_space{});
+        std::size_t const d = reduce.layout().size();
+        std::vector<double> outputs(d, 0.0), inputs(d, 0.0), bound(d, 0.0);
+        for (int step = 0; step < 200; ++step) {
+          auto const all = random_gradients(77 + step, ranks, d);
+          auto g = all[comm.rank()];
+          reduce({g.data(), d});
+          for (std::size_t i = 0; i < d; ++i) {
+            double mean = 0, magnitude = 0;
+            for (auto const& x : all) mean += x[i], magnitude += std::fabs(x[i]);
+            outputs[i] += g[i];
+            inputs[i] += mean / ranks;
+            bound[i] += unit * (std::fabs(g[i]) + magnitude / ranks);
+          }
+        }
+        auto const residual = reduce.residual();
+        std::vector<float> mine(residual.begin(), residual.end()), every(d * ranks);
+        comm.all_gather(mine.data(), every.data(), d);
+        std::size_t lost = 0;
+        double worst = 0;
+        for (std::size_t i = 0; i < d; ++i) {
+          double kept = 0, magnitude = 0;
+          for (int r = 0; r < ranks; ++r) kept += every[r * d + i], magnitude += std::fabs(every[r * d + i]);
+          double const gap = std::fabs(outputs[i] + kept / ranks - inputs[i]);
+          lost += gap <= bound[i] + unit * magnitude / ranks + 1e-30 ? 0 : 1;
+          worst = std::max(worst, gap / (bound[i] + 1e-30));
+        }
+        INFO(C::name << ", " << ranks << " ranks, worst gap / bound " << worst);
+        CHECK(lost == 0);
+      });
+    });
+  }
+}
+
+// A NaN or an infinity on one rank: under raise every rank throws and the
+// gradient, the residual and the step count are as they were; under
+// propagate every rank's output is NaN and nothing is committed; either way
+// the next clean step works and the ranks agree.
+TEST_CASE("a bad value on one rank commits nothing, under either policy") {
+  for (int ranks : {2, 7}) {
+    for (auto policy : {nonfinite_policy::raise, nonfinite_policy::propagate}) {
+      for (float poison : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+        for_each_compressor([&](auto c, double) {
+          using C = decltype(c);
+          local_group::run(ranks, [&](local_group::communicator& comm) {
+            reducer_t<C, error_feedback::residual, local_group::communicator> reduce(
+                c, comm, odd_layout(1), host_space{}, {.nonfinite = policy});
+            std::size_t const d = reduce.layout().size();
+            auto first = random_gradient(5, comm.rank(), d);
+            reduce({first.data(), d});
+            auto const kept = std::vector<float>(reduce.residual().begin(), reduce.residual().end());
+            auto g = random_gradient(6, comm.rank(), d);
+            if (comm.rank() == ranks - 1) g[d / 3] = poison;
+            auto const before = g;
+            INFO(C::name << ", " << ranks << " ranks, policy " << int(policy));
+            if (policy == nonfinite_policy::raise) {
+              CHECK_THROWS_AS(reduce({g.data(), d}), nonfinite_error);
+              CHECK(std::memcmp(g.data(), before.data(), d * sizeof(float)) == 0);  // -0.0 stays -0.0 too
+            } else {
+              CHECK_NOTHROW(reduce({g.data(), d}));
+              CHECK(std::all_of(g.begin(), g.end(), [](float x) { return std::isnan(x); }));
+            }
+            auto const residual = reduce.residual();
+            CHECK(std::memcmp(residual.data(), kept.data(), d * sizeof(float)) == 0);
+            CHECK(reduce.steps() == 1);
+            auto clean = random_gradient(7, comm.rank(), d);
+            CHECK_NOTHROW(reduce({clean.data(), d}));
+            CHECK(std::all_of(clean.begin(), clean.end(), [](float x) { return std::isfinite(x); }));
+            CHECK(same_as_rank0(comm, clean));
+            CHECK(reduce.steps() == 2);
+          });
+        });
+      }
+    }
+  }
+}
+
+// Gradients near 1e-30 and 1e30 come back as accurately as gradients near 1
+// (norms are doubles); denormals, zeros and single spikes come back finite,
+// zeros as zeros.
+TEST_CASE("extreme magnitudes come back finite and as accurate as ordinary ones") {
+  int const ranks = 3;
+  for_each_compressor([&](auto c, double) {
+    using C = decltype(c);
+    local_group::run(ranks, [&](local_group::communicator& comm) {
+      std::size_t const d = odd_layout(2).size();
+      auto error_at = [&](float scale, std::size_t spike) {
+        reducer_t<C, error_feedback::none, local_group::communicator> reduce(c, comm, odd_layout(2), host_space{},
+                                                                            {.seed = 9});
+        auto all = random_gradients(31, ranks, d);
+        for (auto& x : all)
+          for (auto& v : x) v *= scale;
+        if (spike < d) all[0][spike] = 1e30f;
+        auto g = all[comm.rank()];
+        reduce({g.data(), d});
+        double err = 0, norm = 0;
+        std::size_t nonfinite = 0;
+        for (std::size_t i = 0; i < d; ++i) {
+          double mean = 0;
+          for (auto const& x : all) mean += x[i];
+          mean /= ranks;
+          err += (g[i] - mean) * (g[i] - mean);
+          norm += mean * mean;
+          nonfinite += std::isfinite(g[i]) ? 0 : 1;
+        }
+        INFO(C::name << " at scale " << scale << ", spike at " << spike);
+        CHECK(nonfinite == 0);
+        return norm > 0 ? std::sqrt(err / norm) : std::sqrt(err);
+      };
+      double const ordinary = error_at(1.0f, d);
+      INFO(C::name << ": error " << ordinary << " at scale 1");
+      if constexpr (std::is_same_v<C, fp16>) {  // fp16's own range: 6e-8 to 65504
+        CHECK(error_at(1e-30f, d) == doctest::Approx(1.0));  // underflows to zero (kept by error feedback)
+        CHECK_THROWS_AS(error_at(1e30f, d), nonfinite_error);  // beyond the lane: refused
+      } else {
+        CHECK(error_at(1e-30f, d) <= 1.5 * ordinary + 1e-3);
+        CHECK(error_at(1e30f, d) <= 1.5 * ordinary + 1e-3);
+        error_at(1e-41f, d);    // denormals: finite (a compressor may send zeros)
+        error_at(1.0f, d / 2);  // one spike
+      }
+      CHECK(error_at(0.0f, d) == 0.0);  // zeros in, zeros out
+    });
+  });
+}
+
+// Over a collective where a failing rank releases nobody, a configuration or
+// a call that only one rank cannot use must still end on every rank.
+TEST_CASE("what one rank cannot use fails on every rank, and nobody hangs") {
+  auto expect_all_fail = [](std::vector<std::exception_ptr> const& errors, char const* what) {
+    for (std::size_t r = 0; r < errors.size(); ++r) {
+      INFO(what << ", rank " << r << ": " << message_of(errors[r]));
+      CHECK(errors[r] != nullptr);
+      CHECK_FALSE(is_hang(errors[r]));
+    }
+  };
+  using comm_t = mpi_like_group::communicator;
+  expect_all_fail(mpi_like_group::run(3,
+                                      [](comm_t& comm) {
+                                        reducer_t<topk_chunked<>, error_feedback::residual, comm_t> r(
+                                            topk_chunked<>{.fraction = comm.rank() == 0 ? 1.5 : 0.1}, comm,
+                                            bucket_layout(4096), host_space{});
+                                      }),
+                  "a TopK-Chunked fraction on one rank");
+  expect_all_fail(mpi_like_group::run(3,
+                                      [](comm_t& comm) {
+                                        reducer_t<thc<>, error_feedback::residual, comm_t> r(
+                                            thc<>{.bits = comm.rank() == 1 ? 8 : 4}, comm, bucket_layout(4096),
+                                            host_space{});
+                                      }),
+                  "a THC lane one rank's levels overflow");
+  expect_all_fail(mpi_like_group::run(3,
+                                      [](comm_t& comm) {
+                                        reducer_t<global_randk<>, error_feedback::residual, comm_t> r(
+                                            global_randk<>{.k = 1000}, comm,
+                                            bucket_layout(comm.rank() == 2 ? 500 : 2000), host_space{});
+                                      }),
+                  "a GlobalRandK k beyond one rank's bucket");
+  expect_all_fail(mpi_like_group::run(3,
+                                      [](comm_t& comm) {
+                                        reducer_t<bf16, error_feedback::residual, comm_t> r(bf16{}, comm,
+                                                                                            bucket_layout(1000),
+                                                                                            host_space{});
+                                        std::vector<float> g(comm.rank() == 0 ? 999 : 1000, 1.0f);
+                                        r({g.data(), g.size()});
+                                      }),
+                  "a gradient of the wrong length on one rank");
+  expect_all_fail(mpi_like_group::run(4,
+                                      [](comm_t& comm) {
+                                        reducer_t<intsgd<>, error_feedback::residual, comm_t> r(
+                                            intsgd<>{}, comm, bucket_layout(1000), host_space{});
+                                        auto g = random_gradient(3, comm.rank(), 1000);
+                                        if (comm.rank() == 3) g[7] = std::numeric_limits<float>::quiet_NaN();
+                                        r({g.data(), g.size()});
+                                      }),
+                  "a NaN on one rank");
+  // And the good case completes on every rank, over the same collective.
+  auto const fine = mpi_like_group::run(3, [](comm_t& comm) {
+    reducer_t<powersgd<>, error_feedback::residual, comm_t> r(powersgd<>{}, comm, odd_layout(1), host_space{});
+    auto g = random_gradient(4, comm.rank(), r.layout().size());
+    r({g.data(), g.size()});
+  });
+  for (auto const& e : fine) CHECK(message_of(e) == "");
+}
+
+TEST_CASE("sizes that would wrap are refused with a clear error") {
+  CHECK_THROWS_WITH_AS(bucket_layout({{std::size_t{1} << 32, std::size_t{1} << 32}}),
+                       doctest::Contains("overflows a 64-bit size"), invalid_argument);
+  CHECK_THROWS_WITH_AS(bucket_layout(std::size_t{1} << 62), doctest::Contains("exceed what a buffer can address"),
+                       invalid_argument);
+  bucket_layout twice;
+  twice.add({std::size_t{1} << 60});
+  CHECK_THROWS_AS(twice.add({std::size_t{1} << 60}), invalid_argument);
+  local_group::run(2, [](local_group::communicator& comm) {
+    CHECK_THROWS_WITH_AS((reducer_t<topk_chunked<>, error_feedback::residual, local_group::communicator>(
+                             topk_chunked<>{.chunk_size = std::size_t{1} << 63}, comm, bucket_layout(1000),
+                             host_space{})),
+                         doctest::Contains("not a power of two in [1, 2^30]"), invalid_argument);
+    CHECK_THROWS_WITH_AS((reducer_t<bf16, error_feedback::residual, local_group::communicator>(
+                             bf16{}, comm, bucket_layout(std::size_t{1} << 58), host_space{})),
+                         doctest::Contains("cannot use this configuration"), invalid_argument);
+  });
+}
+
+// A workspace does not depend on a setting the user can change later.
+TEST_CASE("changing the OpenMP thread count after construction changes nothing") {
+#if GRADCOMP_HAS_OPENMP
+  int const before = omp_get_max_threads();
+  local_group::run(1, [](local_group::communicator& comm) {
+    reducer_t<topk_chunked<>, error_feedback::residual, local_group::communicator> a(
+        topk_chunked<>{.chunk_size = 8}, comm, bucket_layout(1 << 21), host_space{});
+    reducer_t<topk<>, error_feedback::residual, local_group::communicator> b(topk<>{}, comm, bucket_layout(1 << 21),
+                                                                            host_space{});
+    omp_set_num_threads(8 * omp_get_num_procs());
+    auto g = random_gradient(1, 0, 1 << 21), h = g;
+    CHECK_NOTHROW(a({g.data(), g.size()}));
+    CHECK_NOTHROW(b({h.data(), h.size()}));
+  });
+  omp_set_num_threads(before);
+#endif
+}
+
+// Two buckets of the same shapes draw different random numbers unless told
+// to share a seed; the same bucket draws the same ones.
+TEST_CASE("buckets round with their own random streams") {
+  local_group::run(1, [](local_group::communicator& comm) {
+    auto residual_of = [&](std::uint64_t bucket, std::optional<std::uint64_t> seed) {
+      reducer_t<thc<>, error_feedback::residual, local_group::communicator> r(
+          thc<>{.block = 64, .bits = 2}, comm, bucket_layout(4096), host_space{}, {.bucket = bucket, .seed = seed});
+      auto g = random_gradient(2, 0, 4096);
+      r({g.data(), g.size()});
+      auto const e = r.residual();
+      return std::vector<float>(e.begin(), e.end());
+    };
+    CHECK(residual_of(0, {}) != residual_of(1, {}));
+    CHECK(residual_of(0, {}) == residual_of(0, {}));
+    CHECK(residual_of(0, 5) == residual_of(1, 5));
+  });
+}
+
+// A collective every rank completed is not reported as failed because a
+// peer aborted right after it.
+TEST_CASE("local_group never fails a collective that completed") {
+  for (int trial = 0; trial < 200; ++trial) {
+    local_group group(3);
+    std::vector<int> failed(3, 0);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 3; ++r)
+      threads.emplace_back([&, r] {
+        auto comm = group.comm(r);
+        float x = 1.0f;
+        try {
+          comm.all_reduce(&x, &x, 1, reduce_op::sum);
+        } catch (collective_error const&) {
+          failed[r] = 1;
+        }
+        if (r == 0) comm.abort("rank 0 is done");
+      });
+    for (auto& t : threads) t.join();
+    CHECK(failed == std::vector<int>{0, 0, 0});
+  }
+}
