@@ -10,7 +10,6 @@ namespace {
 
 // This process is one rank of MPI_COMM_WORLD.
 struct mpi_world {
-  static constexpr char const* name = "mpi";
   template <class Body>
   void run(Body&& body) const {
     gradcomp::mpi_communicator comm(MPI_COMM_WORLD);

@@ -6,7 +6,11 @@
 // reads the input values and assigns the outputs through references. An op
 // that returns bool marks an element bad (true), and options.count adds up
 // the bad ones; an op with bind() has it called once per thread before its
-// elements (to read a step's scalars from memory once). The streams are
+// elements (to read a step's scalars from memory once). An op whose element
+// work a compiler cannot vectorize (it gathers or scatters at indices it
+// computes, or calls a math library function) says so with
+// `static constexpr bool vectorizes = false`: its host loop is then left to
+// the compiler instead of being declared vectorizable. The streams are
 // pointers, spans or the kinds of <gradcomp/algorithm/streams.hpp>.
 //
 // Host: OpenMP threads over chunks of 2048 elements; inside a chunk every
@@ -83,10 +87,28 @@ discard_cursor<T> host_output(discard<T>, std::size_t) {
   return {};
 }
 
-template <class Op, class In, class Out, std::size_t... I, std::size_t... O>
+/// False for an op that declares its element work unvectorizable.
+template <class Op>
+constexpr bool vectorizes() {
+  if constexpr (requires { Op::vectorizes; })
+    return Op::vectorizes;
+  else
+    return true;
+}
+
+template <class Declared, class Op, class In, class Out, std::size_t... I, std::size_t... O>
 std::uint64_t host_chunk_run(Op const& op, In const& in, Out& out, std::size_t begin, std::size_t len,
                              std::index_sequence<I...>, std::index_sequence<O...>) {
-  if constexpr (std::is_same_v<decltype(op(begin, get<I>(in)[0]..., get<O>(out)[0]...)), bool>) {
+  if constexpr (!vectorizes<Declared>()) {  // the compiler decides
+    std::uint64_t bad = 0;
+    for (std::size_t k = 0; k < len; ++k) {
+      if constexpr (std::is_same_v<decltype(op(begin, get<I>(in)[0]..., get<O>(out)[0]...)), bool>)
+        bad += op(begin + k, get<I>(in)[k]..., get<O>(out)[k]...) ? 1u : 0u;
+      else
+        op(begin + k, get<I>(in)[k]..., get<O>(out)[k]...);
+    }
+    return bad;
+  } else if constexpr (std::is_same_v<decltype(op(begin, get<I>(in)[0]..., get<O>(out)[0]...)), bool>) {
     std::uint64_t bad = 0;
     GRADCOMP_OMP(simd reduction(+ : bad))
     for (std::size_t k = 0; k < len; ++k) bad += op(begin + k, get<I>(in)[k]..., get<O>(out)[k]...) ? 1u : 0u;
@@ -125,7 +147,7 @@ void host_transform(host_space const& space, std::size_t n, pack<I...> const& in
     [[maybe_unused]] alignas(64) float uniforms[host_chunk];  // noise streams' chunk (each stream its own would need more; one suffices)
     auto const cin = make_pack(host_input(get<Is>(rin), begin, len, uniforms)...);
     auto cout = make_pack(host_output(get<Os>(rout), begin)...);
-    bad += host_chunk_run(bind_op(op), cin, cout, begin, len, is, os);
+    bad += host_chunk_run<Op>(bind_op(op), cin, cout, begin, len, is, os);
   }
   if (options.count != nullptr) *options.count += bad;
 }

@@ -10,8 +10,8 @@ namespace gradcomp::inline GRADCOMP_ABI::detail {
 
 inline constexpr std::uint64_t hash_seed = 0xcbf29ce484222325ull;
 
-/// Mixes the 8 bytes of `value` into `h`.
-constexpr std::uint64_t hash_combine(std::uint64_t h, std::uint64_t value) {
+/// Mixes the 8 bytes of `value` into `h` (device code hashes selections too).
+GRADCOMP_HOST_DEVICE constexpr std::uint64_t hash_combine(std::uint64_t h, std::uint64_t value) {
   for (int byte = 0; byte < 8; ++byte) h = (h ^ ((value >> (8 * byte)) & 0xff)) * 0x100000001b3ull;
   return h;
 }
@@ -30,7 +30,7 @@ constexpr std::uint64_t hash_optional(std::uint64_t h, T const& value) {
 
 /// A 64-bit finalizer (SplitMix64's): every input bit affects every output
 /// bit, so keys derived from related seeds (seed, seed + 1) are unrelated.
-constexpr std::uint64_t mix64(std::uint64_t x) {
+GRADCOMP_HOST_DEVICE constexpr std::uint64_t mix64(std::uint64_t x) {
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ull;
   x ^= x >> 27;

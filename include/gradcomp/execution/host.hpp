@@ -76,7 +76,7 @@ inline int host_thread_capacity() {
 template <class F>
 void parallel_for(host_space const& space, std::size_t n, F const& f) {
   [[maybe_unused]] int const threads = space.threads_for(n);
-  GRADCOMP_OMP(parallel for simd schedule(static) num_threads(threads))
+  GRADCOMP_OMP(parallel for schedule(static) num_threads(threads))
   for (std::size_t i = 0; i < n; ++i) f(i);
 }
 

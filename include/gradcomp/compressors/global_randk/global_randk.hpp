@@ -27,6 +27,7 @@ namespace detail {
 
 template <class EF>
 struct randk_gather {  // coordinate j of the step and its acc
+  static constexpr bool vectorizes = false;  // (it gathers or scatters at indices it computes)
   random_permutation pick;
   float const* gradient;
   EF ef;
@@ -69,6 +70,7 @@ struct randk_unsent {  // every coordinate: output 0, residual acc (the drawn on
 
 template <class Lane, class EF>
 struct randk_decode {  // the drawn coordinates: their mean, their residual
+  static constexpr bool vectorizes = false;  // (it gathers or scatters at indices it computes)
   float* gradient;
   EF ef;
   double const* squared_norm;

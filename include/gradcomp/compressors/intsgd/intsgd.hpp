@@ -98,6 +98,7 @@ struct lane_value {
 };
 
 struct intsgd_update {  // r <- beta r + (1 - beta) ||g||^2, kept only if finite
+  static constexpr bool vectorizes = false;  // (one element, and it calls sqrt)
   double* state;
   bool first;
   intsgd_scale p;

@@ -63,6 +63,7 @@ struct psgd_warm_up_decode {
 
 /// A standard normal value for element i of the shared stream (Box-Muller).
 struct psgd_normal_fill {
+  static constexpr bool vectorizes = false;  // (it calls log and cos)
   random_stream stream;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t i, float& out) const {
     uint4x32 const w = stream(i);
@@ -152,6 +153,7 @@ struct psgd_output {
 
 /// One element of psgd_output: the same sums in the same order.
 struct psgd_output_element {
+  static constexpr bool vectorizes = false;  // (it gathers or scatters at indices it computes)
   float const* p;
   float const* q_t;
   std::size_t cols, rank;

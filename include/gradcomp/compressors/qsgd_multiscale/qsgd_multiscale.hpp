@@ -45,7 +45,12 @@ struct multiscale_scales {
 template <class T>
 struct per_scale {
   T v0, v1, v2, v3;
-  GRADCOMP_HOST_DEVICE T operator[](unsigned j) const { return j == 3 ? v3 : j == 2 ? v2 : j == 1 ? v1 : v0; }
+  GRADCOMP_HOST_DEVICE T operator[](unsigned j) const {
+    T x = v0;
+    x = j == 1 ? v1 : x;
+    x = j == 2 ? v2 : x;
+    return j == 3 ? v3 : x;
+  }
   GRADCOMP_HOST_DEVICE static per_scale of(T const (&a)[max_scales]) { return {a[0], a[1], a[2], a[3]}; }
 };
 

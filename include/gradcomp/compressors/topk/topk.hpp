@@ -65,6 +65,7 @@ struct topk_reset {  // nothing sent here: output 0, everything stays behind
 
 template <class W, class EF>
 struct topk_keep_unsent {  // this rank's own indices: e = acc - sent
+  static constexpr bool vectorizes = false;  // (it gathers or scatters at indices it computes)
   float const* acc;
   EF ef;
   float ranks;
@@ -81,6 +82,7 @@ struct topk_keep_unsent {  // this rank's own indices: e = acc - sent
 
 template <class W>
 struct topk_scatter_mean {  // one rank's pairs, added in rank order
+  static constexpr bool vectorizes = false;  // (it gathers or scatters at indices it computes)
   float* gradient;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, std::uint32_t i, W value) const {
     gradient[i] += mean_codec<W>::mean(value);

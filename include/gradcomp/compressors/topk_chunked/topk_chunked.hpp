@@ -85,6 +85,7 @@ struct fill_unselected {
 // Pack: value p of the payload is element `selected[p / C] * C + p % C`.
 template <class Value, class EF>
 struct topkc_pack {
+  static constexpr bool vectorizes = false;  // (it gathers or scatters at indices it computes)
   float const* gradient;
   EF ef;
   std::uint32_t const* selected;
@@ -111,6 +112,7 @@ struct topkc_pack {
 // zero elsewhere (the residual keeps everything).
 template <class Value>
 struct topkc_unpack {
+  static constexpr bool vectorizes = false;  // (it gathers or scatters at indices it computes)
   std::uint32_t const* position;
   Value const* summed;
   int shift;
