@@ -45,6 +45,11 @@ GRADCOMP_HOST_DEVICE float select(bool pick, float a, float b) {
   std::uint32_t const mask = 0u - static_cast<std::uint32_t>(pick);  // all ones when pick
   return bits_float((float_bits(a) & mask) | (float_bits(b) & ~mask));
 }
+/// The same for bit patterns (their arithmetic may involve floats too).
+GRADCOMP_HOST_DEVICE std::uint32_t select(bool pick, std::uint32_t a, std::uint32_t b) {
+  std::uint32_t const mask = 0u - static_cast<std::uint32_t>(pick);
+  return (a & mask) | (b & ~mask);
+}
 
 /// |x| <= limit, false for NaN: one comparison, so loops vectorize.
 GRADCOMP_HOST_DEVICE bool within(float x, float limit) {
@@ -109,7 +114,8 @@ GRADCOMP_HOST_DEVICE std::uint16_t float_to_half_bits(float value) {
   std::uint32_t const subnormal = float_bits(bits_float(f) + 0.5f) - 0x3f000000u;
   std::uint32_t const normal = (f + 0xc8000fffu + ((f >> 13) & 1u)) >> 13;  // rebias exponent, round
   std::uint32_t const special = f > 0x7f800000u ? 0x7e00u : 0x7c00u;
-  std::uint32_t const magnitude = f >= 0x47800000u ? special : (f < 0x38800000u ? subnormal : normal);
+  std::uint32_t magnitude = select(f < 0x38800000u, subnormal, normal);  // (the subnormal path adds floats)
+  magnitude = select(f >= 0x47800000u, special, magnitude);
   return static_cast<std::uint16_t>(magnitude | sign);
 }
 
@@ -119,7 +125,8 @@ GRADCOMP_HOST_DEVICE float half_bits_to_float(std::uint16_t h) {
   std::uint32_t const normal = magnitude + 0x38000000u;
   std::uint32_t const special = magnitude + 0x70000000u;  // inf / NaN
   std::uint32_t const subnormal = float_bits(bits_float(magnitude + 0x38800000u) - bits_float(0x38800000u));
-  std::uint32_t const out = exponent == 0x0f800000u ? special : exponent == 0 ? subnormal : normal;
+  std::uint32_t out = select(exponent == 0, subnormal, normal);
+  out = select(exponent == 0x0f800000u, special, out);
   return bits_float(out | (static_cast<std::uint32_t>(h & 0x8000u) << 16));
 }
 
