@@ -6,6 +6,7 @@
 // finite; a configuration or a call that one rank cannot use fails on every
 // rank without a hang (an MPI-like collective with a watchdog); sizes that
 // overflow are refused.
+#include "common/compressors.hpp"
 #include "common/harness.hpp"
 #include "common/mpi_like.hpp"
 
@@ -18,41 +19,8 @@
 #include <omp.h>
 #endif
 
-namespace {
-
 using namespace gradcomp;
 using namespace gradcomp::testing;
-
-// Shapes of odd sizes: a matrix (PowerSGD compresses it), a bias, a 3-D tensor.
-bucket_layout odd_layout(std::size_t scale) {
-  bucket_layout layout;
-  layout.add({17 * scale, 23}).add({5 * scale + 2}).add({3, 3, 3});
-  return layout;
-}
-
-// Every compressor, small enough for 7 ranks and sanitizers, and the unit
-// roundoff that bounds one step's bookkeeping error (what a lane's sum or a
-// decode rounds away; zero where integers sum exactly).
-template <class F>
-void for_each_compressor(F&& f) {
-  f(fp32{}, 0x1.0p-23);
-  f(bf16{}, 0x1.0p-8);
-  f(fp16{}, 0x1.0p-10);
-  f(topk_chunked<>{.chunk_size = 16, .fraction = 0.2}, 0x1.0p-8);
-  f(topk<bfloat16>{.fraction = 0.1}, 0x1.0p-22);
-  f(thc<>{.block = 64}, 0x1.0p-16);
-  f(qsgd_maxnorm<std::int32_t>{.bits = 8}, 0x1.0p-20);
-  f(qsgd_multiscale{}, 0x1.0p-20);
-  f(global_randk<>{.k = 40}, 0x1.0p-20);
-  f(intsgd<>{}, 0x1.0p-20);
-  f(powersgd<>{.rank = 2, .min_compression_rate = 1}, 0x1.0p-18);
-}
-
-template <class C, class EF, class Collective>
-using reducer_t = allreducer<C, EF, Collective, default_aggregator_t<C>, host_space>;
-
-
-}  // namespace
 
 TEST_CASE("every compressor gives every rank the same bits, and the same inputs the same bits") {
   for (int ranks : {2, 3, 4, 7}) {
@@ -62,7 +30,7 @@ TEST_CASE("every compressor gives every rank the same bits, and the same inputs 
         using EF = decltype(ef);
         std::vector<std::vector<float>> last(ranks);
         local_group::run(ranks, [&](local_group::communicator& comm) {
-          reducer_t<C, EF, local_group::communicator> reduce(c, comm, odd_layout(2), host_space{});
+          host_reducer<C, EF, local_group::communicator> reduce(c, comm, odd_layout(2), host_space{});
           std::size_t const d = reduce.layout().size();
           for (int step = 0; step < 3; ++step) {
             auto g = random_gradient(1000 + step, comm.rank(), d);
@@ -90,7 +58,7 @@ TEST_CASE("error feedback loses nothing over hundreds of steps") {
     for_each_compressor([&](auto c, double unit) {
       using C = decltype(c);
       local_group::run(ranks, [&](local_group::communicator& comm) {
-        reducer_t<C, error_feedback::residual, local_group::communicator> reduce(c, comm, odd_layout(1), host_space{});
+        host_reducer<C, error_feedback::residual, local_group::communicator> reduce(c, comm, odd_layout(1), host_space{});
         std::size_t const d = reduce.layout().size();
         std::vector<double> outputs(d, 0.0), inputs(d, 0.0), bound(d, 0.0);
         for (int step = 0; step < 200; ++step) {
@@ -135,7 +103,7 @@ TEST_CASE("a bad value on one rank commits nothing, under either policy") {
         for_each_compressor([&](auto c, double) {
           using C = decltype(c);
           local_group::run(ranks, [&](local_group::communicator& comm) {
-            reducer_t<C, error_feedback::residual, local_group::communicator> reduce(
+            host_reducer<C, error_feedback::residual, local_group::communicator> reduce(
                 c, comm, odd_layout(1), host_space{}, {.nonfinite = policy});
             std::size_t const d = reduce.layout().size();
             auto first = random_gradient(5, comm.rank(), d);
@@ -177,7 +145,7 @@ TEST_CASE("extreme magnitudes come back finite and as accurate as ordinary ones"
     local_group::run(ranks, [&](local_group::communicator& comm) {
       std::size_t const d = odd_layout(2).size();
       auto error_at = [&](float scale, std::size_t spike) {
-        reducer_t<C, error_feedback::none, local_group::communicator> reduce(c, comm, odd_layout(2), host_space{},
+        host_reducer<C, error_feedback::none, local_group::communicator> reduce(c, comm, odd_layout(2), host_space{},
                                                                             {.seed = 9});
         auto all = random_gradients(31, ranks, d);
         for (auto& x : all)
@@ -228,28 +196,28 @@ TEST_CASE("what one rank cannot use fails on every rank, and nobody hangs") {
   using comm_t = mpi_like_group::communicator;
   expect_all_fail(mpi_like_group::run(3,
                                       [](comm_t& comm) {
-                                        reducer_t<topk_chunked<>, error_feedback::residual, comm_t> r(
+                                        host_reducer<topk_chunked<>, error_feedback::residual, comm_t> r(
                                             topk_chunked<>{.fraction = comm.rank() == 0 ? 1.5 : 0.1}, comm,
                                             bucket_layout(4096), host_space{});
                                       }),
                   "a TopK-Chunked fraction on one rank");
   expect_all_fail(mpi_like_group::run(3,
                                       [](comm_t& comm) {
-                                        reducer_t<thc<>, error_feedback::residual, comm_t> r(
+                                        host_reducer<thc<>, error_feedback::residual, comm_t> r(
                                             thc<>{.bits = comm.rank() == 1 ? 8 : 4}, comm, bucket_layout(4096),
                                             host_space{});
                                       }),
                   "a THC lane one rank's levels overflow");
   expect_all_fail(mpi_like_group::run(3,
                                       [](comm_t& comm) {
-                                        reducer_t<global_randk<>, error_feedback::residual, comm_t> r(
+                                        host_reducer<global_randk<>, error_feedback::residual, comm_t> r(
                                             global_randk<>{.k = 1000}, comm,
                                             bucket_layout(comm.rank() == 2 ? 500 : 2000), host_space{});
                                       }),
                   "a GlobalRandK k beyond one rank's bucket");
   expect_all_fail(mpi_like_group::run(3,
                                       [](comm_t& comm) {
-                                        reducer_t<bf16, error_feedback::residual, comm_t> r(bf16{}, comm,
+                                        host_reducer<bf16, error_feedback::residual, comm_t> r(bf16{}, comm,
                                                                                             bucket_layout(1000),
                                                                                             host_space{});
                                         std::vector<float> g(comm.rank() == 0 ? 999 : 1000, 1.0f);
@@ -258,7 +226,7 @@ TEST_CASE("what one rank cannot use fails on every rank, and nobody hangs") {
                   "a gradient of the wrong length on one rank");
   expect_all_fail(mpi_like_group::run(4,
                                       [](comm_t& comm) {
-                                        reducer_t<intsgd<>, error_feedback::residual, comm_t> r(
+                                        host_reducer<intsgd<>, error_feedback::residual, comm_t> r(
                                             intsgd<>{}, comm, bucket_layout(1000), host_space{});
                                         auto g = random_gradient(3, comm.rank(), 1000);
                                         if (comm.rank() == 3) g[7] = std::numeric_limits<float>::quiet_NaN();
@@ -267,7 +235,7 @@ TEST_CASE("what one rank cannot use fails on every rank, and nobody hangs") {
                   "a NaN on one rank");
   // And the good case completes on every rank, over the same collective.
   auto const fine = mpi_like_group::run(3, [](comm_t& comm) {
-    reducer_t<powersgd<>, error_feedback::residual, comm_t> r(powersgd<>{}, comm, odd_layout(1), host_space{});
+    host_reducer<powersgd<>, error_feedback::residual, comm_t> r(powersgd<>{}, comm, odd_layout(1), host_space{});
     auto g = random_gradient(4, comm.rank(), r.layout().size());
     r({g.data(), g.size()});
   });
@@ -283,12 +251,12 @@ TEST_CASE("sizes that would wrap are refused with a clear error") {
   twice.add({std::size_t{1} << 60});
   CHECK_THROWS_AS(twice.add({std::size_t{1} << 60}), invalid_argument);
   local_group::run(2, [](local_group::communicator& comm) {
-    CHECK_THROWS_WITH_AS((reducer_t<topk_chunked<>, error_feedback::residual, local_group::communicator>(
+    CHECK_THROWS_WITH_AS((host_reducer<topk_chunked<>, error_feedback::residual, local_group::communicator>(
                              topk_chunked<>{.chunk_size = std::size_t{1} << 63}, comm, bucket_layout(1000),
                              host_space{})),
                          doctest::Contains("not a power of two in [1, 2^30]"), invalid_argument);
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)  // (their allocators abort on an exabyte instead of throwing bad_alloc)
-    CHECK_THROWS_WITH_AS((reducer_t<bf16, error_feedback::residual, local_group::communicator>(
+    CHECK_THROWS_WITH_AS((host_reducer<bf16, error_feedback::residual, local_group::communicator>(
                              bf16{}, comm, bucket_layout(std::size_t{1} << 58), host_space{})),
                          doctest::Contains("cannot use this configuration"), invalid_argument);
 #endif
@@ -300,9 +268,9 @@ TEST_CASE("changing the OpenMP thread count after construction changes nothing")
 #if GRADCOMP_HAS_OPENMP
   int const before = omp_get_max_threads();
   local_group::run(1, [](local_group::communicator& comm) {
-    reducer_t<topk_chunked<>, error_feedback::residual, local_group::communicator> a(
+    host_reducer<topk_chunked<>, error_feedback::residual, local_group::communicator> a(
         topk_chunked<>{.chunk_size = 8}, comm, bucket_layout(1 << 21), host_space{});
-    reducer_t<topk<>, error_feedback::residual, local_group::communicator> b(topk<>{}, comm, bucket_layout(1 << 21),
+    host_reducer<topk<>, error_feedback::residual, local_group::communicator> b(topk<>{}, comm, bucket_layout(1 << 21),
                                                                             host_space{});
     omp_set_num_threads(8 * omp_get_num_procs());
     auto g = random_gradient(1, 0, 1 << 21), h = g;
@@ -318,7 +286,7 @@ TEST_CASE("changing the OpenMP thread count after construction changes nothing")
 TEST_CASE("buckets round with their own random streams") {
   local_group::run(1, [](local_group::communicator& comm) {
     auto residual_of = [&](std::uint64_t bucket, std::optional<std::uint64_t> seed) {
-      reducer_t<thc<>, error_feedback::residual, local_group::communicator> r(
+      host_reducer<thc<>, error_feedback::residual, local_group::communicator> r(
           thc<>{.block = 64, .bits = 2}, comm, bucket_layout(4096), host_space{}, {.bucket = bucket, .seed = seed});
       auto g = random_gradient(2, 0, 4096);
       r({g.data(), g.size()});

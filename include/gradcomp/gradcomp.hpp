@@ -32,7 +32,7 @@
 
 // The pipeline
 #include <gradcomp/pipeline/aggregator.hpp>
-#include <gradcomp/pipeline/allreducer.hpp>
+#include <gradcomp/reducers/allreducer.hpp>
 #include <gradcomp/pipeline/compressor.hpp>
 #include <gradcomp/pipeline/error_feedback.hpp>
 #include <gradcomp/pipeline/nonfinite.hpp>

@@ -247,7 +247,7 @@ TEST_CASE_TEMPLATE_DEFINE("PowerSGD's residual keeps what the approximation miss
 // A rank beyond min(rows, cols) is clamped; with min_compression_rate 0
 // every matrix is compressed, and a 5 x 200 matrix at r = 8 (r' = 5) comes
 // back whole. An all-zero gradient with epsilon 0 yields zeros, not NaN.
-// Warm-up steps before start_step are plain means.
+// Warm-up steps are plain means.
 TEST_CASE_TEMPLATE_DEFINE("PowerSGD clamps the rank, survives zero columns, warms up plainly", Space, psgd_edges) {
   using namespace gradcomp;
   using namespace gradcomp::testing;
@@ -269,7 +269,7 @@ TEST_CASE_TEMPLATE_DEFINE("PowerSGD clamps the rank, survives zero columns, warm
     CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 0.0f; }));
 
     allreducer<powersgd<>, error_feedback::residual, local_group::communicator, allreduce_aggregator, Space> later(
-        powersgd<>{.rank = 1, .start_step = 2}, comm, bucket_layout{{30, 40}}, space);
+        powersgd<>{.rank = 1}, comm, bucket_layout{{30, 40}}, space, {.warmup_steps = 2});
     auto const w = random_gradient(9, 0, 1200);
     for (int step = 0; step < 3; ++step) {
       auto x = upload(space, w);

@@ -13,6 +13,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <tuple>
 
@@ -158,7 +159,8 @@ namespace {
 // synchronization, a blocking copy) or allocates makes the capture fail:
 // that the step captures at all shows it never waits.
 template <class C>
-void check_captured_step(C const& c, gradcomp::bucket_layout const& layout) {
+void check_captured_step(C const& c, gradcomp::bucket_layout const& layout,
+                         gradcomp::allreducer_options const& options = {}) {
   using namespace gradcomp;
   using namespace gradcomp::testing;
   cudaStream_t stream = nullptr;
@@ -168,8 +170,8 @@ void check_captured_step(C const& c, gradcomp::bucket_layout const& layout) {
     single_rank<cuda_space> world(space);
     std::size_t const d = layout.size();
     auto const first = random_gradient(11, 0, d), second = random_gradient(12, 0, d);
-    allreducer<C, error_feedback::residual, single_rank<cuda_space>> eager(c, world, layout, space),
-        captured(c, world, layout, space);
+    allreducer<C, error_feedback::residual, single_rank<cuda_space>> eager(c, world, layout, space, options),
+        captured(c, world, layout, space, options);
     auto e1 = upload(space, first), e2 = upload(space, second), c1 = upload(space, first), c2 = upload(space, second);
     eager(e1.view());
     eager(e2.view());
@@ -212,6 +214,50 @@ TEST_CASE("a step captures into a CUDA Graph and replays with the same result") 
   bucket_layout matrices;
   matrices.add({300, 200}).add({200}).add({64, 300});
   check_captured_step(powersgd<>{.rank = 4}, matrices);
+  check_captured_step(thc<>{}, flat, {.warmup_steps = 3});  // a warm-up step captures too
+}
+
+// A run saved on the device and restored into new allreducers continues
+// bitwise, warm-up position, residual and compressor state included.
+TEST_CASE("a checkpoint on the device continues a run bitwise") {
+  using namespace gradcomp;
+  using namespace gradcomp::testing;
+  auto check = [](auto c, bucket_layout const& layout) {
+    using C = decltype(c);
+    using reducer = allreducer<C, error_feedback::residual, single_rank<cuda_space>>;
+    cuda_space const space{};
+    single_rank<cuda_space> world(space);
+    std::size_t const d = layout.size();
+    allreducer_options const options{.warmup_steps = 1};
+    reducer whole(c, world, layout, space, options);
+    auto first = std::make_unique<reducer>(c, world, layout, space, options);
+    std::vector<float> a, b;
+    for (int step = 0; step < 5; ++step) {
+      if (step == 3) {
+        auto const saved = first->save();
+        first = std::make_unique<reducer>(c, world, layout, space, options);
+        first->restore(span<std::byte const>(saved.data(), saved.size()));
+      }
+      auto const g = random_gradient(60 + step, 0, d);
+      auto x = upload(space, g), y = upload(space, g);
+      whole(x.view());
+      (*first)(y.view());
+      a = download(space, x.data(), d);
+      b = download(space, y.data(), d);
+    }
+    INFO(std::string(C::name));
+    CHECK(std::memcmp(a.data(), b.data(), d * sizeof(float)) == 0);
+    auto const ra = download(space, whole.residual().data(), d), rb = download(space, first->residual().data(), d);
+    CHECK(std::memcmp(ra.data(), rb.data(), d * sizeof(float)) == 0);
+  };
+  bucket_layout const flat(100003);
+  check(bf16{}, flat);
+  check(topk_chunked<>{.chunk_size = 64}, flat);
+  check(thc<>{}, flat);
+  check(intsgd<>{}, flat);
+  bucket_layout matrices;
+  matrices.add({300, 200}).add({200}).add({64, 300});
+  check(powersgd<>{.rank = 4}, matrices);
 }
 
 // The test above can fail: a host wait inside a capture does break it.

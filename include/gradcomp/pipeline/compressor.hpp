@@ -81,6 +81,11 @@ using archetype_context = step_context<host_space, detail::archetype_collective,
 ///   ctx.agree_all_finite() before writing anything that outlives the step,
 ///   gates those passes with ctx.output_gate() / ctx.state_gate(), and
 ///   writes every element's next residual through ctx.error_feedback().
+///
+/// A compressor that keeps state across steps in its workspace (PowerSGD's
+/// Q, IntSGD's running norm) carves it first and says how many bytes it is
+/// with state_bytes(layout, ranks): checkpoints save those bytes, warm-up
+/// leaves them zero. Without the member there is no such state.
 template <class C>
 concept compressor =
     std::copyable<C> && requires(C const& c, bucket_layout const& layout, int ranks,
@@ -95,6 +100,15 @@ concept compressor =
     };
 
 namespace detail {
+
+/// The leading workspace bytes `c` keeps across steps (0 without state_bytes).
+template <class C>
+std::size_t state_bytes_of(C const& c, bucket_layout const& layout, int ranks) {
+  if constexpr (requires { c.state_bytes(layout, ranks); })
+    return c.state_bytes(layout, ranks);
+  else
+    return 0;
+}
 
 /// Bytes a payload of `bytes` costs on the wire under aggregator A.
 template <class A>

@@ -54,6 +54,8 @@ struct none {
     /// The word the step's commit flips: none.
     std::uint32_t* side() const { return nullptr; }
     void reset() {}
+    /// Nothing to restore.
+    void assign(float const*) {}
   };
 };
 
@@ -117,6 +119,13 @@ struct residual {
     /// Zeroes the residual (asynchronously on a device stream).
     void reset() {
       for (auto const& b : buffers_) b.space().fill_zero(b.data(), b.size() * sizeof(float));
+      side_.space().fill_zero(side_.data(), sizeof(std::uint32_t));
+    }
+    /// Makes `values` (host memory, one per element) the committed residual.
+    /// @note On a device, waits for the copy.
+    void assign(float const* values) {
+      auto const& b = buffers_[0];
+      if (b.size() > 0) b.space().from_host(b.data(), values, b.size() * sizeof(float));
       side_.space().fill_zero(side_.data(), sizeof(std::uint32_t));
     }
     /// The current residual.

@@ -156,6 +156,9 @@ struct intsgd {
     return detail::hash_combine(h, static_cast<std::uint64_t>(dtype_of_v<Lane>));
   }
 
+  /// The workspace's first bytes, kept across steps: `state`.
+  std::size_t state_bytes(bucket_layout const&, int) const { return detail::intsgd_words * sizeof(double); }
+
   /// Workspace pieces. `state` persists from step to step.
   template <class Memory>
   struct workspace {

@@ -42,25 +42,6 @@ struct psgd_accumulate {
   }
 };
 
-/// Before start_step: acc / n, the term of a plain fp32 mean.
-struct psgd_warm_up_encode {
-  float inverse, limit;  // 1/n, the admission limit
-  GRADCOMP_HOST_DEVICE bool operator()(std::size_t, float g, float e, float& term) const {
-    float const acc = g + e;
-    term = mean_codec<float>::encode(acc, inverse);
-    return !mean_codec<float>::fits(acc, limit);
-  }
-};
-
-/// Before start_step: the mean, and no residual (PyTorch's hook runs a plain
-/// all-reduce then).
-struct psgd_warm_up_decode {
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t, float sum, float& g, float& e_next) const {
-    g = sum;
-    e_next = 0.0f;
-  }
-};
-
 /// A standard normal value for element i of the shared stream (Box-Muller).
 struct psgd_normal_fill {
   static constexpr bool vectorizes = false;  // (it calls log and cos)

@@ -17,7 +17,8 @@
 //      [reads acc; writes g, e]; Q is kept for the next step (committed with
 //      the step: a vetoed step leaves it as it was).
 // Wire bytes per step: (sum of (n + m) r' + uncompressed elements) x wire size.
-// Before start_step it is a plain fp32 all-reduce (residual zero). Q is kept
+// PyTorch's start_powerSGD_iter is allreducer_options::warmup_steps (plain
+// fp32 means first; Q is drawn at the first compressed step). Q is kept
 // transposed (r x m), so its columns are contiguous. The host multiplies with
 // OpenMP loops (host.hpp); the CUDA path with cuBLAS (powersgd.cuh, link
 // CUDA::cublas), its handle made once per allreducer.
@@ -106,7 +107,6 @@ struct powersgd {
   std::size_t rank = 1;                    ///< r (PyTorch: matrix_approximation_rank).
   double min_compression_rate = 2.0;       ///< Compress only if (n + m) r' * rate < n m.
   bool warm_start = true;                  ///< Reuse last step's Q.
-  std::uint64_t start_step = 0;            ///< Plain fp32 all-reduce before this step (PyTorch: 1000).
   float orthogonalization_epsilon = 0.0f;  ///< Added to column norms in Gram-Schmidt.
   std::optional<std::uint64_t> seed{};     ///< Seeds the initial Q; unset: the bucket's own.
 
@@ -181,18 +181,20 @@ struct powersgd {
     std::uint64_t h = detail::hash_combine(detail::hash(name), rank);
     h = detail::hash_combine(h, std::bit_cast<std::uint64_t>(min_compression_rate));
     h = detail::hash_combine(h, warm_start);
-    h = detail::hash_combine(h, start_step);
     h = detail::hash_combine(h, std::bit_cast<std::uint32_t>(orthogonalization_epsilon));
     h = detail::hash_optional(h, seed);
     return detail::hash_combine(h, static_cast<std::uint64_t>(dtype_of_v<Wire>));
   }
 
+  /// The workspace's first bytes, kept across steps: q_state.
+  std::size_t state_bytes(bucket_layout const& layout, int) const { return size_of(layout).q * sizeof(float); }
+
   /// Workspace pieces. q_state persists from step to step (the warm start).
   template <class Memory>
   struct workspace {
+    span<float, Memory> q_state;  ///< Every Q, transposed (rank x cols), as the last committed step left it.
     span<float, Memory> acc;      ///< g + e, the matrices M.
     span<float, Memory> p;        ///< Every P.
-    span<float, Memory> q_state;  ///< Every Q, transposed (rank x cols), as the last committed step left it.
     span<float, Memory> q_work;   ///< This step's Q.
     span<Wire, Memory> p_wire;    ///< Every P, then the plain tensors: the first message.
     span<Wire, Memory> q_wire;    ///< Every Q: the second message.
@@ -204,9 +206,9 @@ struct powersgd {
   workspace<Memory> carve(workspace_carver<Memory>& w, bucket_layout const& layout, int ranks) const {
     sizes const s = size_of(layout);
     workspace<Memory> ws;
+    ws.q_state = w.template take<float>(s.q);
     ws.acc = w.template take<float>(layout.size());
     ws.p = w.template take<float>(s.p);
-    ws.q_state = w.template take<float>(s.q);
     ws.q_work = w.template take<float>(s.q);
     ws.p_wire = w.template take<Wire>(s.p + s.plain);
     ws.q_wire = w.template take<Wire>(s.q);
@@ -235,20 +237,10 @@ struct powersgd {
     float const n = static_cast<float>(ctx.ranks());
     std::size_t const d = gradient.size();
 
-    if (ctx.step() < start_step) {  // warm-up: a plain fp32 mean, nothing kept
-      transform(space, d, inputs(gradient, ef.previous()), outputs(ws.acc),
-                detail::psgd_warm_up_encode{1.0f / n, detail::mean_codec<float>::limit(ctx.ranks())},
-                {.count = ctx.bad_count()});
-      ctx.agree_all_finite(detail::mean_codec<float>::out_of_range);
-      ctx.aggregate(ws.acc, ws.scratch);
-      transform(space, d, inputs(ws.acc), outputs(gradient, ef.next()), detail::psgd_warm_up_decode{},
-                {.when = ctx.output_gate()});
-      return;
-    }
     transform(space, d, inputs(gradient, ef.previous()), outputs(ws.acc), detail::psgd_accumulate{range(ctx.layout())},
               {.count = ctx.bad_count()});
     ctx.agree_all_finite("NaN, infinite or beyond PowerSGD's range (max(float) / (8 x the longest matrix side))");
-    if (ctx.step() == start_step || !warm_start)  // the same Q on every rank
+    if (ctx.step() == 0 || !warm_start)  // the same Q on every rank
       transform(space, ws.q_work.size(), inputs(), outputs(ws.q_work),
                 detail::psgd_normal_fill{ctx.random(seed, random_purpose::projection, random_stream::shared)});
     else

@@ -1,11 +1,14 @@
-// The pipeline: one bucket's compressed all-reduce, with its state.
+// One bucket's compressed all-reduce, with its state: the compressor's
+// steps, its warm-up, its checkpoints.
 #pragma once
 
 #include <gradcomp/bucket_layout.hpp>
 #include <gradcomp/collectives/collective.hpp>
+#include <gradcomp/compressors/cast/cast.hpp>
 #include <gradcomp/detail/hash.hpp>
 #include <gradcomp/execution.hpp>
 #include <gradcomp/pipeline/aggregator.hpp>
+#include <gradcomp/pipeline/checkpoint.hpp>
 #include <gradcomp/pipeline/compressor.hpp>
 #include <gradcomp/pipeline/error_feedback.hpp>
 #include <gradcomp/pipeline/nonfinite.hpp>
@@ -56,6 +59,19 @@ struct allreducer_options {
   /// Seeds this bucket's random streams when the compressor sets no seed;
   /// unset: derived from the bucket's identity (its layout and `bucket`).
   std::optional<std::uint64_t> seed{};
+  /// The first `warmup_steps` committed steps send the plain fp32 mean, with
+  /// no error feedback (PyTorch's start_powerSGD_iter, for every
+  /// compressor); the compressor starts at the next one with a zero
+  /// residual and fresh state, counting its own steps from 0.
+  std::uint64_t warmup_steps = 0;
+};
+
+/// One bucket's state, read from a checkpoint and checked, not yet applied
+/// (allreducer::parse_checkpoint; restore applies it).
+struct bucket_checkpoint {
+  std::uint64_t steps = 0;           ///< Committed steps, warm-up included.
+  std::vector<float> residual;       ///< The error-feedback residual (empty without).
+  std::vector<std::byte> state;      ///< The compressor's state kept across steps.
 };
 
 namespace detail {
@@ -133,12 +149,22 @@ class allreducer {
                        "collectives must be ordered on one stream");
     std::string failure;
     try {
-      compressor_.validate(layout_, collective.size());
+      int const n = collective.size();
+      compressor_.validate(layout_, n);
       workspace_carver<memory> measure;
-      compressor_.template carve<Aggregator>(measure, layout_, collective.size());
+      compressor_.template carve<Aggregator>(measure, layout_, n);
+      std::size_t bytes = measure.bytes();
+      state_bytes_ = detail::state_bytes_of(compressor_, layout_, n);
+      GRADCOMP_EXPECTS(state_bytes_ <= bytes, "allreducer: the compressor's state_bytes exceed its workspace");
+      if (options_.warmup_steps > 0) {  // the fp32 mean's pieces, after the compressor's state
+        workspace_carver<memory> warm;
+        warmup_.template carve<allreduce_aggregator>(warm, layout_, n);
+        warmup_offset_ = detail::checked_round_up(state_bytes_, workspace_carver<memory>::alignment, "workspace");
+        bytes = std::max(bytes, detail::checked_add(warmup_offset_, warm.bytes(), "workspace"));
+      }
       ef_.emplace(space_, layout_.size());
-      workspace_ = buffer<std::byte, Space>(measure.bytes(), space_);
-      space_.fill_zero(workspace_.data(), measure.bytes());
+      workspace_ = buffer<std::byte, Space>(bytes, space_);
+      space_.fill_zero(workspace_.data(), bytes);
       resources_.emplace(space_);
     } catch (std::exception const& e) {
       failure = *e.what() != '\0' ? e.what() : "an exception without a message";
@@ -187,8 +213,11 @@ class allreducer {
 
   /// Bytes the last step put on the wire (see step_context::wire_bytes).
   std::size_t wire_bytes() const { return wire_bytes_; }
-  /// Steps committed (on the CUDA space: as far as known; synchronize() first).
+  /// Steps committed, warm-up included (on the CUDA space: as far as known;
+  /// synchronize() first).
   std::uint64_t steps() const { return step_; }
+  /// True while the next step sends the plain fp32 mean (options().warmup_steps).
+  bool warming_up() const { return step_ < options_.warmup_steps; }
   /// The bucket.
   bucket_layout const& layout() const { return layout_; }
   /// The compressor and its parameters.
@@ -211,18 +240,108 @@ class allreducer {
   /// Zeroes the error-feedback state.
   void reset_error_feedback() { ef_->reset(); }
 
+  /// @name Checkpoints (format: <gradcomp/pipeline/checkpoint.hpp>)
+  /// @{
+
+  /// This rank's state: the committed steps (which fix the warm-up position
+  /// and the random streams' position), the error-feedback residual and the
+  /// compressor's state kept across steps (PowerSGD's Q, IntSGD's running
+  /// norm), sealed with the configuration's fingerprint, the world size and
+  /// this rank.
+  /// @note Waits for the space (as synchronize(), whose errors it throws).
+  std::vector<std::byte> save() {
+    synchronize();
+    detail::checkpoint_writer w(identity());
+    w.word(step_);
+    if constexpr (ErrorFeedback::enabled) {
+      auto const r = ef_->current();
+      w.block_from(space_, r.data(), r.size_bytes());
+    } else {
+      w.block_from(space_, nullptr, 0);
+    }
+    w.block_from(space_, workspace_.data(), state_bytes_);
+    return std::move(w).finish();
+  }
+
+  /// Reads and checks a checkpoint of this rank and configuration without
+  /// applying it; throws checkpoint_error naming what is wrong (truncated,
+  /// corrupted, another format version, rank, world size or configuration,
+  /// non-finite values).
+  bucket_checkpoint parse_checkpoint(span<std::byte const> bytes) const {
+    detail::checkpoint_reader r(detail::open(bytes, identity()));
+    bucket_checkpoint c;
+    c.steps = r.word("the step count");
+    auto const residual = r.block(ErrorFeedback::enabled ? layout_.size() * sizeof(float) : 0, "the residual");
+    c.residual.resize(residual.size() / sizeof(float));
+    if (!residual.empty()) std::memcpy(c.residual.data(), residual.data(), residual.size());
+    for (float x : c.residual)
+      if (!detail::is_finite(x)) throw checkpoint_error("checkpoint: the residual holds NaN or infinite values");
+    auto const state = r.block(state_bytes_, "the compressor's state");
+    c.state.assign(state.data(), state.data() + state.size());
+    r.finish();
+    return c;
+  }
+
+  /// Applies a checkpoint parse_checkpoint accepted, on this rank alone
+  /// (a reducer restores its buckets this way after one agreement).
+  /// @note Waits for the space.
+  void restore(bucket_checkpoint const& c) {
+    [[maybe_unused]] auto const guard = channel_.bind_device();
+    GRADCOMP_EXPECTS(c.residual.size() == (ErrorFeedback::enabled ? layout_.size() : 0) &&
+                         c.state.size() == state_bytes_,
+                     "allreducer: a bucket_checkpoint of another configuration");
+    space_.synchronize();
+    if (channel_.pending()) (void)channel_.receive();  // the restored state replaces whatever it said
+    ef_->assign(c.residual.data());
+    if (state_bytes_ > 0) space_.from_host(workspace_.data(), c.state.data(), state_bytes_);
+    space_.fill_zero(status_.data(), status_.size() * sizeof(std::uint64_t));
+    space_.synchronize();
+    step_ = c.steps;
+  }
+
+  /// Restores what save() wrote, on every rank together: if any rank's
+  /// checkpoint is unusable (see parse_checkpoint) or the ranks' step counts
+  /// differ, every rank throws checkpoint_error naming the rank and the
+  /// reason, and no rank changes anything.
+  /// @note Collective, and waits for the space.
+  void restore(span<std::byte const> bytes) {
+    [[maybe_unused]] auto const guard = channel_.bind_device();
+    bucket_checkpoint c;
+    std::string failure;
+    try {
+      c = parse_checkpoint(bytes);
+    } catch (checkpoint_error const& e) {
+      failure = e.what();
+    }
+    agree_on_restore(failure, c.steps);
+    restore(c);
+  }
+  /// @}
+
  private:
   using resources_type = resources_t<Compressor, Space>;
   using context = step_context<Space, Collective, Aggregator, typename ErrorFeedback::ref, resources_type>;
 
+  using warmup_context = step_context<Space, Collective, allreduce_aggregator, error_feedback::none::ref, no_resources>;
+
   void run(span<float, memory> gradient) {
     space_.fill_zero(status_.data(), 2 * sizeof(std::uint64_t));  // this rank's count and the veto
-    context ctx({space_, *collective_, ef_->view(), layout_, workspace_.view(), status_.data(), *resources_, step_,
-                 bucket_seed_, options_.nonfinite});
-    compressor_.step(ctx, gradient);
-    wire_bytes_ = ctx.wire_bytes();
-    what_ = ctx.what();
-    parallel_for(space_, 1, detail::commit_step{status_.data(), ef_->side()});
+    bool const warm = warming_up();
+    if (warm) {  // the fp32 mean; the compressor's state and the residual stay zero
+      warmup_context ctx({space_, *collective_, {}, layout_,
+                          workspace_.view().subspan(warmup_offset_, workspace_.size() - warmup_offset_),
+                          status_.data(), no_resources_, step_, bucket_seed_, options_.nonfinite});
+      warmup_.step(ctx, gradient);
+      wire_bytes_ = ctx.wire_bytes();
+      what_ = ctx.what();
+    } else {  // the compressor counts its own steps
+      context ctx({space_, *collective_, ef_->view(), layout_, workspace_.view(), status_.data(), *resources_,
+                   step_ - options_.warmup_steps, bucket_seed_, options_.nonfinite});
+      compressor_.step(ctx, gradient);
+      wire_bytes_ = ctx.wire_bytes();
+      what_ = ctx.what();
+    }
+    parallel_for(space_, 1, detail::commit_step{status_.data(), warm ? nullptr : ef_->side()});
     if constexpr (std::is_same_v<memory, host_memory>) {
       if (status_.data()[detail::veto] == 0) ++step_;
     } else if (!channel_.capturing()) {
@@ -261,48 +380,81 @@ class allreducer {
       detail::throw_step_failure(veto, local, collective_->rank(), what_);
   }
 
-  // Every rank gathers every rank's (bucket size, configuration hash, and
-  // whether and why it failed to set up) and reaches the same verdict, so all
-  // ranks throw together or none does: no rank is left waiting in a step.
-  void agree_on_configuration(std::string const& failure) {
-    struct record {
-      std::uint64_t size, fingerprint, failed;
-      char why[232];
-    };
-    static_assert(sizeof(record) == 256);
+  // What each rank says in an agreement: two numbers, and whether and why it
+  // failed.
+  struct record {
+    std::uint64_t a, b, failed;
+    char why[232];
+  };
+  static_assert(sizeof(record) == 256);
+
+  // Every rank's record, on every rank.
+  std::vector<record> gather(std::uint64_t a, std::uint64_t b, std::string const& failure) {
     record mine{};
-    mine.size = layout_.size();
-    mine.fingerprint = fingerprint();
+    mine.a = a;
+    mine.b = b;
     mine.failed = failure.empty() ? 0 : 1;
     std::memcpy(mine.why, failure.data(), std::min(failure.size(), sizeof mine.why - 1));
-
-    int const n = collective_->size();
-    std::vector<record> all(static_cast<std::size_t>(n));
+    std::vector<record> all(static_cast<std::size_t>(collective_->size()));
     buffer<std::uint8_t, Space> exchange((all.size() + 1) * sizeof(record), space_);
     space_.from_host(exchange.data(), &mine, sizeof mine);
     collective_->all_gather(exchange.data(), exchange.data() + sizeof(record), sizeof(record));
     space_.to_host(all.data(), exchange.data() + sizeof(record), all.size() * sizeof(record));
+    return all;
+  }
 
+  // Every rank gathers every rank's (bucket size, configuration hash, and
+  // whether and why it failed to set up) and reaches the same verdict, so all
+  // ranks throw together or none does: no rank is left waiting in a step.
+  void agree_on_configuration(std::string const& failure) {
+    int const n = collective_->size();
+    auto const all = gather(layout_.size(), fingerprint(), failure);
     for (int r = 0; r < n; ++r)
       GRADCOMP_EXPECTS(all[r].failed == 0, "allreducer: rank " + std::to_string(r) +
                                                " cannot use this configuration: " + std::string(all[r].why));
     for (int r = 1; r < n; ++r) {
-      GRADCOMP_EXPECTS(all[r].size == all[0].size, "allreducer: ranks disagree on the bucket size: rank 0 has " +
-                                                       std::to_string(all[0].size) + " elements, rank " +
-                                                       std::to_string(r) + " has " + std::to_string(all[r].size));
-      GRADCOMP_EXPECTS(all[r].fingerprint == all[0].fingerprint,
+      GRADCOMP_EXPECTS(all[r].a == all[0].a, "allreducer: ranks disagree on the bucket size: rank 0 has " +
+                                                 std::to_string(all[0].a) + " elements, rank " + std::to_string(r) +
+                                                 " has " + std::to_string(all[r].a));
+      GRADCOMP_EXPECTS(all[r].b == all[0].b,
                        "allreducer: rank " + std::to_string(r) +
                            "'s configuration differs from rank 0's (compressor parameters, tensor shapes, error "
                            "feedback, aggregator, non-finite policy or seed)");
     }
   }
 
+  // A restore: every rank's checkpoint must be usable and at the same step.
+  void agree_on_restore(std::string const& failure, std::uint64_t steps) {
+    int const n = collective_->size();
+    auto const all = gather(steps, 0, failure);
+    for (int r = 0; r < n; ++r)
+      if (all[r].failed != 0)
+        throw checkpoint_error("rank " + std::to_string(r) + " cannot restore its checkpoint (" +
+                               std::string(all[r].why) + "); no rank restored anything");
+    for (int r = 1; r < n; ++r)
+      if (all[r].a != all[0].a)
+        throw checkpoint_error("the ranks' checkpoints are of different steps (rank 0: " + std::to_string(all[0].a) +
+                               ", rank " + std::to_string(r) + ": " + std::to_string(all[r].a) +
+                               "); no rank restored anything");
+  }
+
+ public:
+  /// A hash of everything the ranks must agree on: the compressor and its
+  /// parameters, the shapes, error feedback, aggregator, non-finite policy,
+  /// seed and warm-up.
   std::uint64_t fingerprint() const {
     std::uint64_t h = detail::hash_combine(compressor_.fingerprint(), layout_.fingerprint());
     h = detail::hash(ErrorFeedback::name, h);
     h = detail::hash(Aggregator::name, h);
     h = detail::hash_combine(h, static_cast<std::uint64_t>(options_.nonfinite));
+    h = detail::hash_combine(h, options_.warmup_steps);
     return detail::hash_combine(h, bucket_seed_);
+  }
+
+ private:
+  detail::checkpoint_identity identity() const {
+    return {checkpoint_kind::allreducer, fingerprint(), static_cast<std::uint32_t>(collective_->size()),
+            static_cast<std::uint32_t>(collective_->rank())};
   }
 
   Compressor compressor_;
@@ -316,6 +468,10 @@ class allreducer {
   std::optional<typename ErrorFeedback::template state<Space>> ef_;
   buffer<std::byte, Space> workspace_;
   std::optional<resources_type> resources_;
+  fp32 warmup_{};                 // what warm-up steps send
+  no_resources no_resources_{space_};
+  std::size_t state_bytes_ = 0;   // the workspace's first bytes: the compressor's state
+  std::size_t warmup_offset_ = 0; // where warm-up steps carve theirs
   std::uint64_t step_ = 0;
   std::size_t wire_bytes_ = 0;
   char const* what_ = nullptr;
