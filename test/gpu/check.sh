@@ -9,6 +9,12 @@
 #   test/gpu/check.sh [run]     on the GPU machine: runs the kit's binaries, or
 #                               builds them there first (CMake, ninja, nvcc;
 #                               no network) when the kit has none.
+#   test/gpu/check.sh profile   on the GPU machine, after run or prepare: Nsight
+#                               Compute's time and DRAM traffic per kernel of
+#                               the 64M rows named in $ROWS (CSV in
+#                               $OUT/profile, the table in profile.md).
+#   test/gpu/check.sh memcheck  on the GPU machine: the gpu tests under
+#                               compute-sanitizer's memcheck (memcheck.log).
 #   test/gpu/check.sh sass      anywhere (no GPU needed): ptxas's spill report for
 #                               every kernel, and per kernel the 16-byte global
 #                               loads and stores in its machine code (needs
@@ -60,18 +66,52 @@ prepare() {
   du -sh "$kit"
 }
 
-run() {
-  local tests_bin=$kit/bin/gradcomp_gpu_tests bench_bin=$kit/bin/gradcomp_bench_cuda libs nccl
+tests_bin=$kit/bin/gradcomp_gpu_tests
+bench_bin=$kit/bin/gradcomp_bench_cuda
+binaries() {  # sets LD_LIBRARY_PATH; builds here when the kit's binaries do not load
+  local libs nccl
   libs=$(python_lib_dirs)
   nccl=$(echo "$libs" | tr ':' '\n' | grep -m1 nccl || true)
   export LD_LIBRARY_PATH="$PWD/$kit/lib:$PWD/$kit/prefix/lib/x86_64-linux-gnu${libs:+:$libs}:${LD_LIBRARY_PATH:-}"
+  if [ -x build-gpu/test/gradcomp_gpu_tests ] && [ ! -x "$tests_bin" ]; then
+    tests_bin=build-gpu/test/gradcomp_gpu_tests bench_bin=build-gpu/bench/gradcomp_bench_cuda
+  fi
   if [ ! -x "$tests_bin" ] || ldd "$tests_bin" "$bench_bin" | grep -q 'not found'; then
     echo "no prebuilt binaries in $kit that load here: building here"
     build build-gpu -DCMAKE_PREFIX_PATH="$PWD/$kit/prefix" ${nccl:+-DNCCL_ROOT=$(dirname "$nccl")}
-    tests_bin=build-gpu/test/gradcomp_gpu_tests
-    bench_bin=build-gpu/bench/gradcomp_bench_cuda
+    tests_bin=build-gpu/test/gradcomp_gpu_tests bench_bin=build-gpu/bench/gradcomp_bench_cuda
   fi
   mkdir -p "$out"
+}
+
+profile() {
+  binaries
+  local ncu row
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
+  [ -n "$ncu" ] || { echo "profile: no ncu here"; return 0; }
+  mkdir -p "$out/profile"
+  for row in ${ROWS:-bf16 topkc@1% thc4-B1024 qsgd-ms6+10 intsgd8}; do
+    timeout "${PROFILE_SECONDS:-120}" "$ncu" --clock-control none --csv --page raw --print-units base --print-kernel-base demangled \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread,launch__grid_size,launch__block_size \
+      "$bench_bin" --benchmark_filter="^cuda/${row//+/\\+}/67108864(/|\$)" --benchmark_min_time=0.001 \
+      >"$out/profile/${row//[^A-Za-z0-9.-]/_}.csv" 2>>"$out/profile.log" || echo "profile: ncu failed on $row (see $out/profile.log)"
+  done
+  python3 bench/ncu_table.py "$out"/profile/*.csv | tee "$out/profile.md" || true
+}
+
+memcheck() {
+  binaries
+  local sanitizer
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  [ -n "$sanitizer" ] || { echo "memcheck: no compute-sanitizer here"; return 0; }
+  timeout "${MEMCHECK_SECONDS:-120}" "$sanitizer" --tool memcheck --leak-check full "$tests_bin" \
+    >"$out/memcheck.log" 2>&1 || true
+  grep -E "ERROR SUMMARY|LEAK SUMMARY|test cases:" "$out/memcheck.log" | sed 's/\x1b\[[0-9;]*m//g' ||
+    echo "memcheck: no summary (timed out?); see $out/memcheck.log"
+}
+
+run() {
+  binaries
   nvidia-smi -L 2>/dev/null || echo "nvidia-smi: no GPU listed"
 
   local status=0 tests
@@ -110,6 +150,8 @@ sass() {
 case "${1:-run}" in
   prepare) prepare ;;
   run) run ;;
+  profile) profile ;;
+  memcheck) memcheck ;;
   sass) sass ;;
-  *) echo "usage: $0 [prepare|run|sass]" >&2; exit 2 ;;
+  *) echo "usage: $0 [prepare|run|profile|memcheck|sass]" >&2; exit 2 ;;
 esac
