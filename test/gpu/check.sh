@@ -121,7 +121,7 @@ run() {
     77) tests="skipped (no CUDA device)" ;;
     *) tests="FAILED (exit $status)"; tail -40 "$out/gpu_tests.log" ;;
   esac
-  timeout 240 "$bench_bin" --benchmark_min_time=0.1 --benchmark_out="$out/bench_cuda.json" \
+  timeout 240 "$bench_bin" --benchmark_min_time=0.1 --benchmark_filter="${BENCH_FILTER:-.}" --benchmark_out="$out/bench_cuda.json" \
     --benchmark_out_format=json >"$out/bench_cuda.log" 2>&1 || echo "benchmark binary failed: see $out/bench_cuda.log"
 
   echo
