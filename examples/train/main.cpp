@@ -1,11 +1,7 @@
 // train: data-parallel training of an MLP on Fashion-MNIST through a
 // gradcomp compressor, reporting time-to-accuracy.
 //
-//   train [--compressor fp32|fp16|bf16|topk|topkc|powersgd|thc|qsgd|qsgd-ms|randk|intsgd]
-//         [--ratio 0.01] [--chunk 256] [--rank 4] [--bits 4] [--block 1024] [--k 10000] [--ef on|off]
-//         [--backend local|mpi] [--ranks 4] [--batch 64] [--lr 0.05] [--momentum 0.9]
-//         [--epochs 3] [--time-budget S] [--target 0.85] [--stop-at-target] [--seed 1]
-//         [--hidden 512,256] [--eval-every 100] [--data DIR] [--out FILE.csv]
+//   train [flags]   (train --help lists them)
 //
 // local (default): ranks are threads of this process. mpi: run under
 // mpiexec, one rank per process. nccl (built with CUDA and NCCL): run under
@@ -40,9 +36,46 @@ struct cli {
   std::string out;
 };
 
+char const* const flags = R"(usage: train [flags]
+  --compressor NAME    fp32, fp16, bf16 (default), topk, topkc, powersgd, thc, qsgd, qsgd-ms, randk, intsgd
+  --ratio F            topk: share of elements; topkc: share of chunks (0.01)
+  --chunk N            topkc: chunk size (256)
+  --rank N             powersgd: approximation rank (4)
+  --bits N             thc, qsgd, randk: bits per level (4)
+  --block N            thc: rotation block (1024)
+  --k N                randk: coordinates sent per step (10000)
+  --ef on|off          residual error feedback (default: off for fp32, fp16, bf16 and qsgd, on for the others)
+  --warmup N           first N steps send the plain fp32 mean (0)
+  --backend NAME       local (threads, default), mpi (under mpiexec), nccl (under mpiexec, one GPU per rank)
+  --ranks N            local: ranks (4)
+  --batch N            examples per rank per step (64)
+  --lr F               SGD learning rate (0.05)
+  --momentum F         SGD momentum (0.9)
+  --epochs F           passes over the training set (3)
+  --max-steps N        stop after N steps (0: no limit)
+  --time-budget S      stop after S training seconds (0: no limit)
+  --target F           test accuracy whose first crossing is the time-to-accuracy (0.85)
+  --stop-at-target     end the run when the target is reached
+  --seed N             model initialization and data order (1)
+  --hidden A,B,...     hidden layer widths (512,256)
+  --eval-every N       steps between test evaluations (100)
+  --data DIR           Fashion-MNIST's directory (the Debian package's)
+  --out FILE.csv       write the evaluations as CSV
+  --help               this list
+)";
+
 [[noreturn]] void usage(std::string const& why) {
-  std::cerr << "train: " << why << "\n(see the comment at the top of examples/train/main.cpp)\n";
+  std::cerr << "train: " << why << "\n" << flags;
   std::exit(2);
+}
+
+// on/off and their usual spellings; anything else is an error, not "on".
+bool boolean(std::string const& flag, std::string const& value) {
+  for (char const* on : {"on", "true", "1", "yes"})
+    if (value == on) return true;
+  for (char const* off : {"off", "false", "0", "no"})
+    if (value == off) return false;
+  usage(flag + " takes on or off, not '" + value + "'");
 }
 
 cli parse(int argc, char** argv) {
@@ -68,7 +101,13 @@ cli parse(int argc, char** argv) {
     else if (flag == "--k")
       c.o.k = std::stoul(value());
     else if (flag == "--ef")
-      c.o.error_feedback = value() != "off";
+      c.o.error_feedback = boolean(flag, value());
+    else if (flag == "--warmup")
+      c.o.warmup = std::stoull(value());
+    else if (flag == "--help") {
+      std::cout << flags;
+      std::exit(0);
+    }
     else if (flag == "--backend")
       c.backend = value();
     else if (flag == "--ranks")
@@ -104,11 +143,17 @@ cli parse(int argc, char** argv) {
     } else
       usage("unknown flag " + flag);
   }
+  try {
+    (void)c.o.spec();
+  } catch (gradcomp::invalid_argument const& e) {
+    usage(e.what());
+  }
   return c;
 }
 
 void report(cli const& c, int ranks, train::result const& r) {
-  std::string const name = c.o.compressor + (c.o.error_feedback ? "" : "-noef");
+  gradcomp::compressor_spec const spec = c.o.spec();
+  std::string const name = spec.str();
   std::printf("%8s %7s %9s %11s %9s %14s %8s %9s\n", "step", "epoch", "wall_s", "compress_s", "comm_s", "wire_bytes",
               "loss", "test_acc");
   for (auto const& e : r.records)
@@ -125,7 +170,7 @@ void report(cli const& c, int ranks, train::result const& r) {
     std::ofstream csv(c.out);
     csv << "compressor,ranks,step,epoch,wall_s,compress_s,comm_s,wire_bytes,loss,test_acc\n";
     for (auto const& e : r.records)
-      csv << name << ',' << ranks << ',' << e.step << ',' << e.epoch << ',' << e.wall_s << ',' << e.compress_s << ','
+      csv << '"' << name << '"' << ',' << ranks << ',' << e.step << ',' << e.epoch << ',' << e.wall_s << ',' << e.compress_s << ','
           << e.comm_s << ',' << e.wire_bytes << ',' << e.loss << ',' << e.test_accuracy << '\n';
   }
 }
@@ -133,7 +178,13 @@ void report(cli const& c, int ranks, train::result const& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  cli const c = parse(argc, argv);
+  cli const c = [&] {
+    try {
+      return parse(argc, argv);
+    } catch (std::exception const& e) {  // a number that does not read as one
+      usage(std::string("a flag's value does not read as a number (") + e.what() + ")");
+    }
+  }();
   openblas_set_num_threads(1);  // one core per rank; the ranks are the parallelism
   try {
     train::dataset const train_set = train::load_fashion_mnist(c.data, true);

@@ -6,11 +6,10 @@
 namespace train {
 namespace {
 
-template <class Compressor, class EF>
 class device_reducer : public reducer {
  public:
-  device_reducer(Compressor c, gradcomp::nccl_communicator& comm, gradcomp::bucket_layout const& layout)
-      : space_{comm.stream()}, gradient_(layout.size(), space_), reduce_(c, comm, layout) {}
+  device_reducer(options const& o, gradcomp::nccl_communicator& comm, gradcomp::bucket_layout const& layout)
+      : space_{comm.stream()}, gradient_(layout.size(), space_), reduce_(o.spec(), comm, layout, {.warmup_steps = o.warmup}) {}
 
   void reduce(float* gradient, std::size_t size) override {
     space_.from_host(gradient_.data(), gradient, size * sizeof(float));
@@ -23,19 +22,14 @@ class device_reducer : public reducer {
  private:
   gradcomp::cuda_space space_;
   gradcomp::buffer<float, gradcomp::cuda_space> gradient_;
-  gradcomp::allreducer<Compressor, EF> reduce_;  // NCCL, on the communicator's stream
+  gradcomp::any_allreducer<gradcomp::nccl_communicator> reduce_;  // NCCL, on the communicator's stream
 };
 
 }  // namespace
 
 reducer_factory nccl_reducers(options const& o, gradcomp::nccl_communicator& comm) {
-  return [&o, &comm](gradcomp::bucket_layout const& layout) {
-    return with_compressor(o, comm.size(), [&](auto compressor) -> std::unique_ptr<reducer> {
-      using C = decltype(compressor);
-      if (o.error_feedback)
-        return std::make_unique<device_reducer<C, gradcomp::error_feedback::residual>>(compressor, comm, layout);
-      return std::make_unique<device_reducer<C, gradcomp::error_feedback::none>>(compressor, comm, layout);
-    });
+  return [&o, &comm](gradcomp::bucket_layout const& layout) -> std::unique_ptr<reducer> {
+    return std::make_unique<device_reducer>(o, comm, layout);
   };
 }
 

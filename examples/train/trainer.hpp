@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -32,7 +33,8 @@ struct options {
   int bits = 4;                                  ///< thc: bits per level (uniform quantizer).
   std::size_t block = 1024;                      ///< thc: rotation block.
   std::size_t k = 10000;                         ///< randk: coordinates sent per step.
-  bool error_feedback = true;                    ///< Residual error feedback (none when false).
+  std::optional<bool> error_feedback;            ///< Residual error feedback; unset: the compressor's default.
+  std::uint64_t warmup = 0;                      ///< Steps that send the plain fp32 mean first.
   int ranks = 4;                                 ///< In-process ranks (MPI: the world's size).
   std::size_t batch = 64;                        ///< Examples per rank per step.
   float lr = 0.05f;                              ///< SGD learning rate.
@@ -46,6 +48,19 @@ struct options {
   std::size_t eval_every = 100;                  ///< Steps between test evaluations.
   std::size_t max_steps = 0;                     ///< Stop after this many steps (0: no limit).
   bool check_replicas = false;  ///< After each step, ranks compare their weights (throws if they differ).
+
+  /// The compressor these options name (throws invalid_argument for an unknown name).
+  gradcomp::compressor_spec spec() const {
+    gradcomp::compressor_spec s = gradcomp::compressor_spec::parse(compressor);
+    if (compressor == "topk" || compressor == "topkc") s.fraction = ratio;
+    if (compressor == "topkc") s.chunk = chunk;
+    if (compressor == "powersgd") s.rank = rank;
+    if (compressor == "thc" || compressor == "qsgd" || compressor == "randk") s.bits = bits;
+    if (compressor == "thc") s.block = block;
+    if (compressor == "randk") s.k = k;
+    s.error_feedback = error_feedback;
+    return s;
+  }
 };
 
 /// One evaluation, as rank 0 saw it.
@@ -83,69 +98,28 @@ class reducer {
 /// Makes the reducer for a model's parameter layout.
 using reducer_factory = std::function<std::unique_ptr<reducer>(gradcomp::bucket_layout const&)>;
 
-/// Calls `make(compressor)` with the compressor `o` names for `ranks` ranks.
-template <class Make>
-auto with_compressor(options const& o, int ranks, Make&& make) {
-  using namespace gradcomp;
-  if (o.compressor == "fp32") return make(fp32{});
-  if (o.compressor == "fp16") return make(fp16{});
-  if (o.compressor == "bf16") return make(bf16{});
-  if (o.compressor == "topk")
-    return make(topk<gradcomp::bfloat16>{.fraction = o.ratio});  // (cblas.h has a bfloat16 too)
-  if (o.compressor == "topkc") return make(topk_chunked<>{.chunk_size = o.chunk, .fraction = o.ratio});
-  if (o.compressor == "powersgd") return make(powersgd<>{.rank = o.rank});
-  if (o.compressor == "thc") {  // byte lanes while the ranks' summed levels fit in them, else 32-bit lanes
-    thc<std::uint8_t> const bytes{.block = o.block, .bits = o.bits};
-    if (static_cast<std::uint64_t>(ranks) * bytes.top() <= 255) return make(bytes);
-    return make(thc<std::int32_t>{.block = o.block, .bits = o.bits});
-  }
-  if (o.compressor == "qsgd") {  // int8 lanes while n ranks' codes fit in them, else int32
-    qsgd_maxnorm<std::int8_t> const small{.bits = o.bits};
-    if (small.bits <= 7 && ranks * small.levels() <= 127) return make(small);
-    return make(qsgd_maxnorm<std::int32_t>{.bits = o.bits});
-  }
-  if (o.compressor == "qsgd-ms") return make(qsgd_multiscale{});
-  if (o.compressor == "randk") {  // int8 lanes while n ranks' codes fit in them, else int32
-    global_randk<std::int8_t> const small{.k = o.k, .bits = o.bits};
-    if (small.bits <= 7 && ranks * small.levels() <= 127) return make(small);
-    return make(global_randk<std::int32_t>{.k = o.k, .bits = o.bits});
-  }
-  if (o.compressor == "intsgd") {
-    if (ranks < 128) return make(intsgd<std::int8_t>{});
-    return make(intsgd<std::int32_t>{});
-  }
-  throw std::invalid_argument("unknown compressor '" + o.compressor +
-                              "' (fp32, fp16, bf16, topk, topkc, powersgd, thc, qsgd, qsgd-ms, randk, intsgd)");
-}
-
 /// A host reducer over `Collective`, timing its collectives.
-template <class Compressor, class EF, class Collective>
+template <class Collective>
 class host_reducer : public reducer {
  public:
-  host_reducer(Compressor c, Collective& comm, gradcomp::bucket_layout const& layout)
-      : timed_(comm), reduce_(c, timed_, layout, gradcomp::host_space{.threads = 1}) {}  // the ranks are the threads
+  host_reducer(options const& o, Collective& comm, gradcomp::bucket_layout const& layout)
+      : timed_(comm),
+        reduce_(o.spec(), timed_, layout, gradcomp::host_space{.threads = 1},  // the ranks are the threads
+                {.warmup_steps = o.warmup}) {}
   void reduce(float* gradient, std::size_t size) override { reduce_({gradient, size}); }
   std::size_t wire_bytes() const override { return reduce_.wire_bytes(); }
   double comm_seconds() const override { return timed_.seconds(); }
 
  private:
   timed_collective<Collective> timed_;
-  gradcomp::allreducer<Compressor, EF, timed_collective<Collective>, gradcomp::default_aggregator_t<Compressor>,
-                       gradcomp::host_space>
-      reduce_;
+  gradcomp::any_allreducer<timed_collective<Collective>, gradcomp::host_space> reduce_;
 };
 
 /// The host reducer `o` names, over `comm`.
 template <class Collective>
 reducer_factory host_reducers(options const& o, Collective& comm) {
-  return [&o, &comm](gradcomp::bucket_layout const& layout) {
-    return with_compressor(o, comm.size(), [&](auto compressor) -> std::unique_ptr<reducer> {
-      using C = decltype(compressor);
-      if (o.error_feedback)
-        return std::make_unique<host_reducer<C, gradcomp::error_feedback::residual, Collective>>(compressor, comm,
-                                                                                                 layout);
-      return std::make_unique<host_reducer<C, gradcomp::error_feedback::none, Collective>>(compressor, comm, layout);
-    });
+  return [&o, &comm](gradcomp::bucket_layout const& layout) -> std::unique_ptr<reducer> {
+    return std::make_unique<host_reducer<Collective>>(o, comm, layout);
   };
 }
 

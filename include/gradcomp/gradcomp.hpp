@@ -32,7 +32,7 @@
 
 // The pipeline
 #include <gradcomp/pipeline/aggregator.hpp>
-#include <gradcomp/reducers/allreducer.hpp>
+#include <gradcomp/pipeline/checkpoint.hpp>
 #include <gradcomp/pipeline/compressor.hpp>
 #include <gradcomp/pipeline/error_feedback.hpp>
 #include <gradcomp/pipeline/nonfinite.hpp>
@@ -47,3 +47,9 @@
 #include <gradcomp/compressors/thc/thc.hpp>
 #include <gradcomp/compressors/topk/topk.hpp>
 #include <gradcomp/compressors/topk_chunked/topk_chunked.hpp>
+
+// Reducers: a bucket's compressed all-reduce, with its compressor fixed or
+// chosen at run time
+#include <gradcomp/reducers/allreducer.hpp>
+#include <gradcomp/reducers/any_allreducer.hpp>
+#include <gradcomp/reducers/compressor_spec.hpp>

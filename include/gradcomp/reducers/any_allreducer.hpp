@@ -1,0 +1,153 @@
+// An allreducer whose compressor is chosen at run time (compressor_spec):
+// one type for every compressor, so a model's buckets can each take their
+// own, and a program can take its compressor from its command line.
+#pragma once
+
+#include <gradcomp/reducers/allreducer.hpp>
+#include <gradcomp/reducers/compressor_spec.hpp>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gradcomp::inline GRADCOMP_ABI {
+
+/// allreducer<C, EF, Collective, default aggregator, Space> for the C and EF
+/// a compressor_spec names: the same steps, bits and errors, behind one
+/// virtual call per step. Construction is collective, as allreducer's: if any
+/// rank's spec or configuration is unusable, every rank throws.
+///
+/// Every compressor is compiled in: on the CUDA space, use it from a .cu
+/// file that includes <gradcomp/cuda.cuh>.
+template <class Collective, class Space = default_space_t<Collective>>
+class any_allreducer {
+ public:
+  using memory = typename Space::memory;
+
+  /// The compressor `spec` names, for `layout`, on this rank of `collective`.
+  any_allreducer(compressor_spec const& spec, Collective& collective, bucket_layout layout,
+                 allreducer_options options = {})
+      : any_allreducer(spec, collective, std::move(layout), default_space(collective), options) {}
+
+  /// The same, running in `space`.
+  any_allreducer(compressor_spec const& spec, Collective& collective, bucket_layout layout, Space space,
+                 allreducer_options options = {})
+      : spec_(spec) {
+    std::string failure;
+    try {  // a name or parameter only this rank rejects must fail every rank (others would wait)
+      (void)visit_compressor(spec, collective.size(), [](auto, auto) { return 0; });
+    } catch (std::exception const& e) {
+      failure = e.what();
+    }
+    agree(collective, space, failure);
+    impl_ = visit_compressor(spec, collective.size(), [&](auto c, auto ef) -> std::unique_ptr<base> {
+      using reducer = allreducer<decltype(c), decltype(ef), Collective, default_aggregator_t<decltype(c)>, Space>;
+      return std::make_unique<model<reducer>>(c, collective, std::move(layout), space, options);
+    });
+  }
+
+  /// See allreducer::operator().
+  void operator()(span<float, memory> gradient) { impl_->step(gradient); }
+  /// See allreducer::synchronize(). @note Waits for the space.
+  void synchronize() { impl_->synchronize(); }
+  /// See allreducer::save(). @note Waits for the space.
+  std::vector<std::byte> save() { return impl_->save(); }
+  /// See allreducer::parse_checkpoint().
+  bucket_checkpoint parse_checkpoint(span<std::byte const> bytes) const { return impl_->parse(bytes); }
+  /// See allreducer::restore(bucket_checkpoint const&). @note Waits for the space.
+  void restore(bucket_checkpoint const& c) { impl_->apply(c); }
+  /// See allreducer::restore(span). @note Collective; waits for the space.
+  void restore(span<std::byte const> bytes) { impl_->restore(bytes); }
+
+  /// The spec it was built from.
+  compressor_spec const& spec() const { return spec_; }
+  /// The compressor and its lane or wire type, e.g. "thc<uint8>", "topkc<bf16>".
+  std::string const& description() const { return impl_->description(); }
+  /// Bytes the last step put on the wire.
+  std::size_t wire_bytes() const { return impl_->wire_bytes(); }
+  /// Steps committed, warm-up included.
+  std::uint64_t steps() const { return impl_->steps(); }
+  /// True while the next step sends the plain fp32 mean.
+  bool warming_up() const { return impl_->warming_up(); }
+  /// The bucket.
+  bucket_layout const& layout() const { return impl_->layout(); }
+  /// The configuration's hash (see allreducer::fingerprint).
+  std::uint64_t fingerprint() const { return impl_->fingerprint(); }
+
+ private:
+  struct base {
+    virtual ~base() = default;
+    virtual void step(span<float, memory>) = 0;
+    virtual void synchronize() = 0;
+    virtual std::vector<std::byte> save() = 0;
+    virtual bucket_checkpoint parse(span<std::byte const>) const = 0;
+    virtual void apply(bucket_checkpoint const&) = 0;
+    virtual void restore(span<std::byte const>) = 0;
+    virtual std::string const& description() const = 0;
+    virtual std::size_t wire_bytes() const = 0;
+    virtual std::uint64_t steps() const = 0;
+    virtual bool warming_up() const = 0;
+    virtual bucket_layout const& layout() const = 0;
+    virtual std::uint64_t fingerprint() const = 0;
+  };
+
+  template <class Reducer>
+  struct model final : base {
+    template <class C>
+    model(C c, Collective& collective, bucket_layout layout, Space space, allreducer_options options)
+        : r(std::move(c), collective, std::move(layout), space, options),
+          text(std::string(C::name) + lane_of<C>::suffix()) {}
+    void step(span<float, memory> g) override { r(g); }
+    void synchronize() override { r.synchronize(); }
+    std::vector<std::byte> save() override { return r.save(); }
+    bucket_checkpoint parse(span<std::byte const> b) const override { return r.parse_checkpoint(b); }
+    void apply(bucket_checkpoint const& c) override { r.restore(c); }
+    void restore(span<std::byte const> b) override { r.restore(b); }
+    std::string const& description() const override { return text; }
+    std::size_t wire_bytes() const override { return r.wire_bytes(); }
+    std::uint64_t steps() const override { return r.steps(); }
+    bool warming_up() const override { return r.warming_up(); }
+    bucket_layout const& layout() const override { return r.layout(); }
+    std::uint64_t fingerprint() const override { return r.fingerprint(); }
+    Reducer r;
+    std::string text;
+  };
+
+  // A compressor's lane or wire type, for its description: "<int8>" (none
+  // for fp32, fp16, bf16, whose names say it).
+  template <class C>
+  struct lane_of {
+    static std::string suffix() { return ""; }
+  };
+  template <template <class> class T, class X>
+  struct lane_of<T<X>> {
+    static std::string suffix() {
+      if constexpr (std::is_same_v<T<X>, cast<X>>) return "";
+      std::string_view const n = name_of(dtype_of_v<X>);
+      std::string out(1, '<');  // (appended, not +: GCC 12 warns falsely on a chain of string +)
+      out.append(n == "float32" ? "fp32" : n == "bfloat16" ? "bf16" : n == "float16" ? "fp16" : n);
+      out.push_back('>');
+      return out;
+    }
+  };
+
+  // Every rank learns whether any rank failed, and which first.
+  static void agree(Collective& collective, Space const& space, std::string const& failure) {
+    std::uint64_t const mine = failure.empty() ? 0 : static_cast<std::uint64_t>(collective.rank()) + 1;
+    buffer<std::uint64_t, Space> word(1, space);
+    space.from_host(word.data(), &mine, sizeof mine);
+    collective.all_reduce(word.data(), word.data(), 1, reduce_op::max);  // (the last failing rank + 1)
+    std::uint64_t any = 0;
+    space.to_host(&any, word.data(), sizeof any);
+    if (any == 0) return;
+    throw invalid_argument(failure.empty() ? "any_allreducer: rank " + std::to_string(any - 1) +
+                                                 " cannot use this compressor_spec"
+                                           : failure);
+  }
+
+  compressor_spec spec_;
+  std::unique_ptr<base> impl_;
+};
+
+}  // namespace gradcomp
