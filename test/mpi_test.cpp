@@ -2,6 +2,9 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <gradcomp/collectives/mpi.hpp>
 
+#include <cstdio>
+
+#include "common/model_reducer_suite.hpp"
 #include "common/powersgd_suite.hpp"
 #include "common/quantize_suite.hpp"
 #include "common/topk_suite.hpp"
@@ -53,9 +56,15 @@ TEST_CASE_TEMPLATE_INVOKE(psgd_ranks, host_mpi);
 TEST_CASE_TEMPLATE_INVOKE(quantize_homomorphic, host_mpi);
 TEST_CASE_TEMPLATE_INVOKE(quantize_agreement, host_mpi);
 TEST_CASE_TEMPLATE_INVOKE(quantize_bad_input, host_mpi);
+TEST_CASE_TEMPLATE_INVOKE(model_any_order, host_mpi);  // its progress thread calls MPI: THREAD_SERIALIZED
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0;  // the model reducer's progress thread makes the calls while the main thread waits
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  if (provided < MPI_THREAD_SERIALIZED) {
+    std::fprintf(stderr, "this MPI does not provide MPI_THREAD_SERIALIZED\n");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   doctest::Context context(argc, argv);
