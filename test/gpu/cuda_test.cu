@@ -260,6 +260,51 @@ TEST_CASE("a checkpoint on the device continues a run bitwise") {
   check(powersgd<>{.rank = 4}, matrices);
 }
 
+// The model reducer on the device: gradients written on a compute stream,
+// buckets reduced on the collective's stream after events, finish() ordering
+// the compute stream after them; bitwise the host's result.
+TEST_CASE("the model reducer on the device gives bitwise the host's result") {
+  using namespace gradcomp;
+  using namespace gradcomp::testing;
+  std::vector<std::vector<std::size_t>> const shapes = {{300, 200}, {200}, {64, 300}, {64}, {100, 100}};
+  model_reducer_options options;
+  options.compressor = compressor_spec::parse("topkc:fraction=0.1,chunk=64");
+  options.first_bucket_cap_bytes = options.bucket_cap_bytes = 30000 * sizeof(float);
+  options.min_compression_elements = 1000;
+  cudaStream_t compute = nullptr, comm = nullptr;
+  GRADCOMP_CUDA_TRY(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+  GRADCOMP_CUDA_TRY(cudaStreamCreateWithFlags(&comm, cudaStreamNonBlocking));
+  {
+    single_rank<host_space> host_world;
+    single_rank<cuda_space> device_world(cuda_space{comm});
+    model_reducer<single_rank<host_space>, host_space> on_host(shapes, host_world, options);
+    model_reducer<single_rank<cuda_space>, cuda_space> on_device(shapes, device_world, options, cuda_space{compute});
+    REQUIRE(on_device.buckets() == on_host.buckets());
+    for (int step = 0; step < 3; ++step) {
+      for (std::size_t p = shapes.size(); p-- > 0;) {
+        std::vector<float> const g = random_gradient(70 + step * 10 + p, 0, on_host.gradient(p).size());
+        std::copy(g.begin(), g.end(), on_host.gradient(p).data());
+        GRADCOMP_CUDA_TRY(cudaMemcpyAsync(on_device.gradient(p).data(), g.data(), g.size() * sizeof(float),
+                                          cudaMemcpyHostToDevice, compute));
+        on_host.mark_ready(p);
+        on_device.mark_ready(p);
+      }
+      on_host.finish();
+      on_device.finish();
+      GRADCOMP_CUDA_TRY(cudaStreamSynchronize(compute));  // finish() ordered the compute stream after the buckets
+      for (std::size_t p = 0; p < shapes.size(); ++p) {
+        auto const d = on_device.gradient(p);
+        std::vector<float> got(d.size());
+        GRADCOMP_CUDA_TRY(cudaMemcpy(got.data(), d.data(), d.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        INFO("step " << step << ", parameter " << p);
+        CHECK(std::memcmp(got.data(), on_host.gradient(p).data(), d.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+  GRADCOMP_CUDA_TRY(cudaStreamDestroy(compute));
+  GRADCOMP_CUDA_TRY(cudaStreamDestroy(comm));
+}
+
 // The test above can fail: a host wait inside a capture does break it.
 TEST_CASE("capturing a host wait fails, as the capture test relies on") {
   cudaStream_t stream = nullptr;
