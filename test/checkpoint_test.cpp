@@ -253,3 +253,36 @@ TEST_CASE("a restored residual must be finite") {
     CHECK(message.find("NaN or infinite") != std::string::npos);
   });
 }
+
+// The compressor's kept state is checked as the residual is: a PowerSGD Q
+// with a NaN, an IntSGD norm below zero, resealed so that only the value
+// check can tell, are refused on every rank.
+TEST_CASE("a restored compressor state must be one the compressor can hold") {
+  auto check = [](auto c, auto poison, char const* says) {
+    using C = decltype(c);
+    local_group::run(2, [&](local_group::communicator& comm) {
+      host_reducer<C, error_feedback::residual, local_group::communicator> reduce(c, comm, odd_layout(1),
+                                                                                host_space{});
+      std::size_t const d = reduce.layout().size();
+      for (int step = 0; step < 2; ++step) {
+        auto g = random_gradient(50 + step, comm.rank(), d);
+        reduce({g.data(), d});
+      }
+      bytes saved = reduce.save();
+      bytes const before = saved;
+      if (comm.rank() == 1) {  // the state's last value, just before the checksum
+        std::memcpy(saved.data() + saved.size() - 8 - sizeof poison, &poison, sizeof poison);
+        std::size_t const sealed = saved.size() - 8;
+        std::uint64_t const sum = detail::checksum(saved.data(), sealed);
+        std::memcpy(saved.data() + sealed, &sum, 8);
+      }
+      std::string const message = message_of([&] { reduce.restore(view(saved)); });
+      INFO(C::name << ", rank " << comm.rank() << ": " << message);
+      CHECK(message.find("rank 1") != std::string::npos);
+      if (comm.rank() == 1) CHECK(message.find(says) != std::string::npos);  // (the others name rank 1 only)
+      CHECK(reduce.save() == before);
+    });
+  };
+  check(powersgd<>{.rank = 2, .min_compression_rate = 1}, std::numeric_limits<float>::quiet_NaN(), "PowerSGD's Q");
+  check(intsgd<>{}, -1.0, "IntSGD's running norm");
+}

@@ -85,7 +85,9 @@ using archetype_context = step_context<host_space, detail::archetype_collective,
 /// A compressor that keeps state across steps in its workspace (PowerSGD's
 /// Q, IntSGD's running norm) carves it first and says how many bytes it is
 /// with state_bytes(layout, ranks): checkpoints save those bytes, warm-up
-/// leaves them zero. Without the member there is no such state.
+/// leaves them zero. Without the member there is no such state. An optional
+/// state_problem(bytes) says why checkpointed bytes cannot be that state
+/// (null where they can), so a restore refuses them.
 template <class C>
 concept compressor =
     std::copyable<C> && requires(C const& c, bucket_layout const& layout, int ranks,
@@ -108,6 +110,16 @@ std::size_t state_bytes_of(C const& c, bucket_layout const& layout, int ranks) {
     return c.state_bytes(layout, ranks);
   else
     return 0;
+}
+
+/// Why `state` (state_bytes_of bytes, from a checkpoint) cannot be `c`'s
+/// kept state, or null where it can (or `c` keeps none, or does not say).
+template <class C>
+char const* state_problem_of(C const& c, span<std::byte const> state) {
+  if constexpr (requires { c.state_problem(state); })
+    return c.state_problem(state);
+  else
+    return nullptr;
 }
 
 /// Bytes a payload of `bytes` costs on the wire under aggregator A.

@@ -266,7 +266,7 @@ class allreducer {
   /// Reads and checks a checkpoint of this rank and configuration without
   /// applying it; throws checkpoint_error naming what is wrong (truncated,
   /// corrupted, another format version, rank, world size or configuration,
-  /// non-finite values).
+  /// non-finite values in the residual or the compressor's state).
   bucket_checkpoint parse_checkpoint(span<std::byte const> bytes) const {
     detail::checkpoint_reader r(detail::open(bytes, identity()));
     bucket_checkpoint c;
@@ -277,6 +277,8 @@ class allreducer {
     for (float x : c.residual)
       if (!detail::is_finite(x)) throw checkpoint_error("checkpoint: the residual holds NaN or infinite values");
     auto const state = r.block(state_bytes_, "the compressor's state");
+    if (char const* why = detail::state_problem_of(compressor_, state))
+      throw checkpoint_error(std::string("checkpoint: ") + why);
     c.state.assign(state.data(), state.data() + state.size());
     r.finish();
     return c;

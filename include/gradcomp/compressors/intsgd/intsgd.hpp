@@ -31,6 +31,8 @@
 
 #include <bit>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -158,6 +160,17 @@ struct intsgd {
 
   /// The workspace's first bytes, kept across steps: `state`.
   std::size_t state_bytes(bucket_layout const&, int) const { return detail::intsgd_words * sizeof(double); }
+  /// Why checkpointed state cannot be IntSGD's (null where it can): its
+  /// norms are finite and not negative.
+  char const* state_problem(span<std::byte const> state) const {
+    for (std::size_t w = 0; w < detail::intsgd_words && (w + 1) * sizeof(double) <= state.size(); ++w) {
+      double v;
+      std::memcpy(&v, state.data() + w * sizeof(double), sizeof v);
+      if (!(v >= 0.0 && v <= std::numeric_limits<double>::max()))
+        return "IntSGD's running norm is negative, NaN or infinite";
+    }
+    return nullptr;
+  }
 
   /// Workspace pieces. `state` persists from step to step.
   template <class Memory>

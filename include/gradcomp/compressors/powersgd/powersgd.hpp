@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -188,6 +189,15 @@ struct powersgd {
 
   /// The workspace's first bytes, kept across steps: q_state.
   std::size_t state_bytes(bucket_layout const& layout, int) const { return size_of(layout).q * sizeof(float); }
+  /// Why checkpointed state cannot be a Q (null where it can).
+  char const* state_problem(span<std::byte const> state) const {
+    for (std::size_t at = 0; at + sizeof(float) <= state.size(); at += sizeof(float)) {
+      float q;
+      std::memcpy(&q, state.data() + at, sizeof q);
+      if (!detail::is_finite(q)) return "PowerSGD's Q holds NaN or infinite values";
+    }
+    return nullptr;
+  }
 
   /// Workspace pieces. q_state persists from step to step (the warm start).
   template <class Memory>
