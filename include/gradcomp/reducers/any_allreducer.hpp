@@ -120,10 +120,10 @@ class any_allreducer {
   struct lane_of {
     static std::string suffix() { return ""; }
   };
-  template <template <class> class T, class X>
-  struct lane_of<T<X>> {
+  template <template <class...> class T, class X, class... Rest>
+  struct lane_of<T<X, Rest...>> {
     static std::string suffix() {
-      if constexpr (std::is_same_v<T<X>, cast<X>>) return "";
+      if constexpr (std::is_same_v<T<X, Rest...>, cast<X>>) return "";
       std::string_view const n = name_of(dtype_of_v<X>);
       std::string out(1, '<');  // (appended, not +: GCC 12 warns falsely on a chain of string +)
       out.append(n == "float32" ? "fp32" : n == "bfloat16" ? "bf16" : n == "float16" ? "fp16" : n);
