@@ -11,7 +11,9 @@
 //   - selected<T>: one of two buffers, picked by an index word in memory
 //     (a double buffer whose current side the device flips: error feedback);
 //   - rounding_noise: 16-bit uniforms in [0, 1), eight per Philox call of a
-//     random_stream, the same numbers on host and device.
+//     random_stream, the same numbers on host and device;
+//   - widened<T>: 16-bit floats (bfloat16, half) a pass reads and writes as
+//     float: 16-bit gradients, with no fp32 copy.
 #pragma once
 
 #include <gradcomp/config.hpp>
@@ -62,7 +64,49 @@ struct rounding_noise {
   GRADCOMP_HOST_DEVICE float at(std::size_t i) const { return uniform16(stream(i / 8), static_cast<unsigned>(i % 8)); }
 };
 
+/// 16-bit floats in memory that a pass sees as float: loads widen exactly,
+/// stores round to nearest even (and overflow to infinity as the type does).
+/// A 16-bit gradient bucket is read and written through it.
+template <class T>
+struct widened {
+  static_assert(std::is_same_v<T, bfloat16> || std::is_same_v<T, half>, "widened<T>: T is bfloat16 or half");
+  using value_type = float;  ///< What the pass sees.
+  T* data;                   ///< The 16-bit elements.
+};
+
+/// Gradient element types: what a bucket's gradients may be stored as.
+template <class G>
+concept gradient_element = std::is_same_v<G, float> || std::is_same_v<G, bfloat16> || std::is_same_v<G, half>;
+
 namespace detail {
+
+/// A gradient's elements from `offset` on, as a stream of floats: the
+/// pointer itself for float, widened<G> for 16-bit storage.
+template <gradient_element G, class Memory>
+GRADCOMP_HOST_DEVICE auto gradient_stream(span<G, Memory> g, std::size_t offset = 0) {
+  if constexpr (std::is_same_v<G, float>)
+    return g.data() + offset;
+  else
+    return widened<G>{g.data() + offset};
+}
+template <gradient_element G>
+GRADCOMP_HOST_DEVICE auto gradient_stream(G* g, std::size_t offset = 0) {
+  if constexpr (std::is_same_v<G, float>)
+    return g + offset;
+  else
+    return widened<G>{g + offset};
+}
+
+/// A gradient element as float, and a float stored as one (for the passes
+/// that gather or scatter at computed indices).
+template <gradient_element G>
+GRADCOMP_HOST_DEVICE float load_gradient(G const* g, std::size_t i) {
+  return static_cast<float>(g[i]);
+}
+template <gradient_element G>
+GRADCOMP_HOST_DEVICE void store_gradient(G* g, std::size_t i, float value) {
+  g[i] = G(value);
+}
 
 /// Element type of a stream.
 template <class S>
@@ -96,6 +140,8 @@ template <class T>
 inline constexpr int stream_bytes<T*> = sizeof(T);
 template <class T>
 inline constexpr int stream_bytes<selected<T>> = sizeof(T);
+template <class T>
+inline constexpr int stream_bytes<widened<T>> = sizeof(T);
 
 /// The fewest items per thread a device pass should give a stream: enough
 /// for an 8-byte vector of memory, a whole Philox call of noise.
@@ -105,6 +151,8 @@ template <class T>
 inline constexpr int stream_min_items<T*> = sizeof(T) >= 8 ? 1 : 8 / static_cast<int>(sizeof(T));
 template <class T>
 inline constexpr int stream_min_items<selected<T>> = stream_min_items<T*>;
+template <class T>
+inline constexpr int stream_min_items<widened<T>> = stream_min_items<T*>;
 template <>
 inline constexpr int stream_min_items<rounding_noise> = 8;
 

@@ -103,6 +103,13 @@ __device__ __forceinline__ void load_items(zeros<T>, std::size_t, item_array<T, 
 #pragma unroll
   for (int k = 0; k < N; ++k) out.v[k] = T{};
 }
+template <int N, class T>
+__device__ __forceinline__ void load_items(widened<T> s, std::size_t first, item_array<float, N>& out) {
+  item_array<T, N> raw;
+  load_items<N>(static_cast<T const*>(s.data), first, raw);
+#pragma unroll
+  for (int k = 0; k < N; ++k) out.v[k] = static_cast<float>(raw.v[k]);
+}
 template <int N>
 __device__ __forceinline__ void load_items(rounding_noise const& noise, std::size_t first, item_array<float, N>& out) {
   static_assert(N % 8 == 0, "noise is drawn in whole Philox calls of 8 uniforms");
@@ -135,6 +142,13 @@ __device__ __forceinline__ void store_items(T* p, std::size_t first, item_array<
 }
 template <int N, class T>
 __device__ __forceinline__ void store_items(discard<T>, std::size_t, item_array<T, N> const&) {}
+template <int N, class T>
+__device__ __forceinline__ void store_items(widened<T> s, std::size_t first, item_array<float, N> const& in) {
+  item_array<T, N> raw;
+#pragma unroll
+  for (int k = 0; k < N; ++k) raw.v[k] = T(in.v[k]);
+  store_items<N>(s.data, first, raw);
+}
 
 // One element, for the tail of the last tile.
 template <class T>
@@ -149,6 +163,10 @@ template <class T>
 __device__ __forceinline__ T load_one(zeros<T>, std::size_t) {
   return T{};
 }
+template <class T>
+__device__ __forceinline__ float load_one(widened<T> s, std::size_t i) {
+  return static_cast<float>(s.data[i]);
+}
 __device__ __forceinline__ float load_one(rounding_noise const& noise, std::size_t i) { return noise.at(i); }
 
 template <class T>
@@ -157,6 +175,10 @@ __device__ __forceinline__ void store_one(T* p, std::size_t i, T value) {
 }
 template <class T>
 __device__ __forceinline__ void store_one(discard<T>, std::size_t, T) {}
+template <class T>
+__device__ __forceinline__ void store_one(widened<T> s, std::size_t i, float value) {
+  s.data[i] = T(value);
+}
 
 template <int N, class Op, class In, class Out, std::size_t... I, std::size_t... O>
 __device__ __forceinline__ unsigned transform_items(Op const& op, In const& in, Out const& out, std::size_t first,

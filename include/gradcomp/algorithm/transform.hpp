@@ -68,6 +68,15 @@ template <class T>
 zero_cursor<T> host_input(zeros<T>, std::size_t, std::size_t, float*) {
   return {};
 }
+template <class T>
+struct widen_cursor {
+  T const* p;
+  float operator[](std::size_t k) const { return static_cast<float>(p[k]); }
+};
+template <class T>
+widen_cursor<T> host_input(widened<T> s, std::size_t begin, std::size_t, float*) {
+  return {s.data + begin};
+}
 inline float const* host_input(rounding_noise const& noise, std::size_t begin, std::size_t len, float* uniforms) {
   uint4x32 words[host_chunk / 8];
   std::size_t const calls = (len + 7) / 8;
@@ -85,6 +94,28 @@ T* host_output(T* p, std::size_t begin) {
 template <class T>
 discard_cursor<T> host_output(discard<T>, std::size_t) {
   return {};
+}
+
+// Outputs go straight to memory, except 16-bit ones: the chunk's floats are
+// staged, then narrowed (flush) once the chunk's elements are done.
+template <class S>
+inline constexpr bool is_widened = false;
+template <class T>
+inline constexpr bool is_widened<widened<T>> = true;
+
+template <class S>
+auto host_output(S s, std::size_t begin, float*) {
+  return host_output(s, begin);
+}
+template <class T>
+float* host_output(widened<T>, std::size_t, float* staging) {
+  return staging;
+}
+template <class S>
+void host_flush(S, std::size_t, std::size_t, float const*) {}
+template <class T>
+void host_flush(widened<T> s, std::size_t begin, std::size_t len, float const* staging) {
+  for (std::size_t k = 0; k < len; ++k) s.data[begin + k] = T(staging[k]);
 }
 
 /// False for an op that declares its element work unvectorizable.
@@ -126,6 +157,10 @@ void host_poison(T* p, std::size_t begin, std::size_t len) {
 }
 template <class T>
 void host_poison(discard<T>, std::size_t, std::size_t) {}
+template <class T>
+void host_poison(widened<T> s, std::size_t begin, std::size_t len) {
+  host_poison(s.data, begin, len);
+}
 
 template <class Op, class... I, class... O, std::size_t... Is, std::size_t... Os>
 void host_transform(host_space const& space, std::size_t n, pack<I...> const& in, pack<O...> const& out, Op const& op,
@@ -145,9 +180,11 @@ void host_transform(host_space const& space, std::size_t n, pack<I...> const& in
     }
     [[maybe_unused]] auto const rin = resolve_all(in);
     [[maybe_unused]] alignas(64) float uniforms[host_chunk];  // noise streams' chunk (each stream its own would need more; one suffices)
+    [[maybe_unused]] alignas(64) float staging[(is_widened<O> || ...) ? sizeof...(O) : 1][host_chunk];
     auto const cin = make_pack(host_input(get<Is>(rin), begin, len, uniforms)...);
-    auto cout = make_pack(host_output(get<Os>(rout), begin)...);
+    auto cout = make_pack(host_output(get<Os>(rout), begin, staging[(is_widened<O> || ...) ? Os : 0])...);
     bad += host_chunk_run<Op>(bind_op(op), cin, cout, begin, len, is, os);
+    (host_flush(get<Os>(rout), begin, len, staging[(is_widened<O> || ...) ? Os : 0]), ...);
   }
   if (options.count != nullptr) *options.count += bad;
 }

@@ -177,6 +177,12 @@ class allreducer {
   /// the CUDA space, once the stream reaches this point) it holds the
   /// rank-mean of the decompressed payloads.
   ///
+  /// 16-bit gradients (bfloat16, half) are read and written as they are
+  /// stored, with no fp32 copy: the compressor sees their exact float values,
+  /// and the mean is rounded to the storage type once, on output. The
+  /// error-feedback residual stays fp32. (Every rank's bucket must use the
+  /// same type for results to agree bitwise.)
+  ///
   /// A step that any rank found bad commits nothing (see nonfinite_policy).
   /// @note On the CUDA space this enqueues the step and returns without
   /// waiting for it. It first waits for this allreducer's previous step to
@@ -185,16 +191,11 @@ class allreducer {
   /// nonfinite_error (or collective_error) on every rank before enqueuing
   /// anything. During CUDA Graph capture it never waits: the verdict of
   /// captured steps is read by synchronize().
-  void operator()(span<float, memory> gradient) {
-    [[maybe_unused]] auto const guard = channel_.bind_device();
-    settle();
-    if (gradient.size() != layout_.size()) refuse(gradient.size());
-    if (gradient.empty())
-      ++step_;  // nothing to agree on: an empty bucket always commits
-    else
-      run(gradient);
-    if constexpr (requires { collective_->check_async(); }) collective_->check_async();
-  }
+  void operator()(span<float, memory> gradient) { reduce(gradient); }
+  /// The same for a bucket stored as bfloat16.
+  void operator()(span<bfloat16, memory> gradient) { reduce(gradient); }
+  /// The same for a bucket stored as IEEE half.
+  void operator()(span<half, memory> gradient) { reduce(gradient); }
 
   /// Waits for every step enqueued so far, then throws nonfinite_error (or
   /// collective_error) if one of them failed, as the next call would.
@@ -326,7 +327,22 @@ class allreducer {
 
   using warmup_context = step_context<Space, Collective, allreduce_aggregator, error_feedback::none::ref, no_resources>;
 
-  void run(span<float, memory> gradient) {
+  template <gradient_element G>
+  void reduce(span<G, memory> gradient) {
+    static_assert(requires(Compressor const& c, context& ctx) { c.step(ctx, gradient); },
+                  "this compressor's step does not take gradients stored as this type");
+    [[maybe_unused]] auto const guard = channel_.bind_device();
+    settle();
+    if (gradient.size() != layout_.size()) refuse(gradient.size());
+    if (gradient.empty())
+      ++step_;  // nothing to agree on: an empty bucket always commits
+    else
+      run(gradient);
+    if constexpr (requires { collective_->check_async(); }) collective_->check_async();
+  }
+
+  template <gradient_element G>
+  void run(span<G, memory> gradient) {
     space_.fill_zero(status_.data(), 2 * sizeof(std::uint64_t));  // this rank's count and the veto
     bool const warm = warming_up();
     if (warm) {  // the fp32 mean; the compressor's state and the residual stay zero

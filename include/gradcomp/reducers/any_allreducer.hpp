@@ -18,12 +18,14 @@ namespace gradcomp::inline GRADCOMP_ABI {
 /// virtual call per step. Construction is collective, as allreducer's: if any
 /// rank's spec or configuration is unusable, every rank throws.
 ///
-/// Every compressor is compiled in: on the CUDA space, use it from a .cu
-/// file that includes <gradcomp/cuda.cuh>.
-template <class Collective, class Space = default_space_t<Collective>>
+/// Every compressor is compiled in, for gradients stored as `Gradient`
+/// (float, bfloat16 or half): on the CUDA space, use it from a .cu file that
+/// includes <gradcomp/cuda.cuh>.
+template <class Collective, class Space = default_space_t<Collective>, gradient_element Gradient = float>
 class any_allreducer {
  public:
   using memory = typename Space::memory;
+  using gradient_type = Gradient;  ///< How the bucket's gradients are stored.
 
   /// The compressor `spec` names, for `layout`, on this rank of `collective`.
   any_allreducer(compressor_spec const& spec, Collective& collective, bucket_layout layout,
@@ -48,7 +50,7 @@ class any_allreducer {
   }
 
   /// See allreducer::operator().
-  void operator()(span<float, memory> gradient) { impl_->step(gradient); }
+  void operator()(span<Gradient, memory> gradient) { impl_->step(gradient); }
   /// See allreducer::synchronize(). @note Waits for the space.
   void synchronize() { impl_->synchronize(); }
   /// See allreducer::save(). @note Waits for the space.
@@ -78,7 +80,7 @@ class any_allreducer {
  private:
   struct base {
     virtual ~base() = default;
-    virtual void step(span<float, memory>) = 0;
+    virtual void step(span<Gradient, memory>) = 0;
     virtual void synchronize() = 0;
     virtual std::vector<std::byte> save() = 0;
     virtual bucket_checkpoint parse(span<std::byte const>) const = 0;
@@ -98,7 +100,7 @@ class any_allreducer {
     model(C c, Collective& collective, bucket_layout layout, Space space, allreducer_options options)
         : r(std::move(c), collective, std::move(layout), space, options),
           text(std::string(C::name) + lane_of<C>::suffix()) {}
-    void step(span<float, memory> g) override { r(g); }
+    void step(span<Gradient, memory> g) override { r(g); }
     void synchronize() override { r.synchronize(); }
     std::vector<std::byte> save() override { return r.save(); }
     bucket_checkpoint parse(span<std::byte const> b) const override { return r.parse_checkpoint(b); }

@@ -93,16 +93,16 @@ struct cast {
   }
 
   /// gradient <- widen(sum over ranks of W((gradient + e) / n)).
-  template <class Context>
-  void step(Context& ctx, span<float, typename Context::memory> gradient) const {
+  template <class Context, gradient_element G>
+  void step(Context& ctx, span<G, typename Context::memory> gradient) const {
     auto const ws = ctx.carve(*this);
     auto const& ef = ctx.error_feedback();
     float const n = static_cast<float>(ctx.ranks());
-    transform(ctx.space(), gradient.size(), inputs(gradient, ef.previous()), outputs(ws.payload, ef.next()),
+    transform(ctx.space(), gradient.size(), inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.payload, ef.next()),
               detail::cast_encode<W>{detail::mean_codec<W>::inverse(ctx.ranks()), n, detail::mean_codec<W>::limit(ctx.ranks())}, {.count = ctx.bad_count()});
     ctx.agree_all_finite(detail::mean_codec<W>::out_of_range);
     ctx.aggregate(ws.payload, ws.scratch);
-    transform(ctx.space(), gradient.size(), inputs(ws.payload), outputs(gradient), detail::cast_decode<W>{},
+    transform(ctx.space(), gradient.size(), inputs(ws.payload), outputs(detail::gradient_stream(gradient)), detail::cast_decode<W>{},
               {.when = ctx.output_gate()});
   }
 };

@@ -25,20 +25,20 @@
 namespace gradcomp::inline GRADCOMP_ABI {
 namespace detail {
 
-template <class EF>
+template <class EF, class G>
 struct randk_gather {  // coordinate j of the step and its acc
   static constexpr bool vectorizes = false;  // (it gathers or scatters at indices it computes)
   random_permutation pick;
-  float const* gradient;
+  G const* gradient;
   EF ef;
   struct bound {
     random_permutation pick;
-    float const* gradient;
+    G const* gradient;
     typename EF::bound ef;
     GRADCOMP_HOST_DEVICE void operator()(std::size_t j, std::uint64_t& index, float& value) const {
       std::uint64_t const i = pick(j);
       index = i;
-      value = ef.accumulate(i, gradient[i]);
+      value = ef.accumulate(i, load_gradient(gradient, i));
     }
   };
   GRADCOMP_HOST_DEVICE bound bind() const { return {pick, gradient, ef.bind()}; }
@@ -68,19 +68,19 @@ struct randk_unsent {  // every coordinate: output 0, residual acc (the drawn on
   }
 };
 
-template <class Lane, class EF>
+template <class Lane, class EF, class G>
 struct randk_decode {  // the drawn coordinates: their mean, their residual
   static constexpr bool vectorizes = false;  // (it gathers or scatters at indices it computes)
-  float* gradient;
+  G* gradient;
   EF ef;
   double const* squared_norm;
   double levels, ranks;
   struct bound {
-    float* gradient;
+    G* gradient;
     typename EF::bound ef;
     qsgd_scale k;
     GRADCOMP_HOST_DEVICE void operator()(std::size_t, std::uint64_t i, Lane sum, float residual) const {
-      gradient[i] = k.mean(static_cast<double>(sum));
+      store_gradient(gradient, i, k.mean(static_cast<double>(sum)));
       ef.update(i, residual);
     }
   };
@@ -161,8 +161,8 @@ struct global_randk {
 
   /// One step: the drawn coordinates <- their rank-mean decoded codes, the
   /// rest <- 0.
-  template <class Context>
-  void step(Context& ctx, span<float, typename Context::memory> gradient) const {
+  template <class Context, gradient_element G>
+  void step(Context& ctx, span<G, typename Context::memory> gradient) const {
     using EF = typename Context::error_feedback_ref;
     auto const ws = ctx.carve(*this);
     auto const& space = ctx.space();
@@ -172,9 +172,9 @@ struct global_randk {
     random_permutation const pick =
         random_permutation::make(d, ctx.random(seed, random_purpose::coordinates, random_stream::shared));
 
-    transform(space, d, inputs(gradient, ef.previous()), outputs(), detail::count_nonfinite{},
+    transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(), detail::count_nonfinite{},
               {.count = ctx.bad_count()});
-    transform(space, k, inputs(), outputs(ws.indices, ws.values), detail::randk_gather<EF>{pick, gradient.data(), ef});
+    transform(space, k, inputs(), outputs(ws.indices, ws.values), detail::randk_gather<EF, G>{pick, gradient.data(), ef});
     segmented_reduce<reduction::sum_of_squares>(space, k, k, inputs(ws.values), detail::gathered_value{},
                                                 detail::store_total_at{ws.squared_norm.data()},
                                                 {.scratch = ws.reduce});
@@ -185,10 +185,10 @@ struct global_randk {
               outputs(ws.codes, ws.values), detail::randk_encode<Lane>{ws.squared_norm.data(), s});
     ctx.aggregate(ws.codes, ws.scratch);
     gate const when = ctx.output_gate();
-    transform(space, d, inputs(gradient, ef.previous()), outputs(gradient, ef.next()), detail::randk_unsent{},
+    transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(detail::gradient_stream(gradient), ef.next()), detail::randk_unsent{},
               {.when = when});
     transform(space, k, inputs(ws.indices, ws.codes, ws.values), outputs(),
-              detail::randk_decode<Lane, EF>{gradient.data(), ef, ws.squared_norm.data(), s,
+              detail::randk_decode<Lane, EF, G>{gradient.data(), ef, ws.squared_norm.data(), s,
                                              static_cast<double>(ctx.ranks())},
               {.when = when});
   }

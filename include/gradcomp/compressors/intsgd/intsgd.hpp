@@ -205,8 +205,8 @@ struct intsgd {
   }
 
   /// One step: gradient <- the mean over ranks of their integers / alpha.
-  template <class Context>
-  void step(Context& ctx, span<float, typename Context::memory> gradient) const {
+  template <class Context, gradient_element G>
+  void step(Context& ctx, span<G, typename Context::memory> gradient) const {
     auto const ws = ctx.carve(*this);
     auto const& space = ctx.space();
     auto const& ef = ctx.error_feedback();
@@ -217,24 +217,24 @@ struct intsgd {
     double const* const r = state + (first ? detail::intsgd_first : detail::intsgd_r);
 
     if (first)  // r_0 = ||acc||^2, the largest over the ranks; also counts bad values
-      segmented_reduce<reduction::sum_of_squares>(space, d, d, inputs(gradient, ef.previous()), detail::accumulated{},
+      segmented_reduce<reduction::sum_of_squares>(space, d, d, inputs(detail::gradient_stream(gradient), ef.previous()), detail::accumulated{},
                                                   detail::store_total_at{state + detail::intsgd_first},
                                                   {.scratch = ws.reduce, .count = ctx.bad_count()});
     else
-      transform(space, d, inputs(gradient, ef.previous()), outputs(), detail::count_nonfinite{},
+      transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(), detail::count_nonfinite{},
                 {.count = ctx.bad_count()});
     ctx.agree_all_finite("NaN or infinite");
     if (first) ctx.all_reduce(ws.state.subspan(detail::intsgd_first, 1), reduce_op::max);
 
     if (stochastic)
       transform(space, d,
-                inputs(gradient, ef.previous(), rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
+                inputs(detail::gradient_stream(gradient), ef.previous(), rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
                 outputs(ws.codes, ef.next()), detail::intsgd_encode<Lane>{r, p});
     else
-      transform(space, d, inputs(gradient, ef.previous()), outputs(ws.codes, ef.next()),
+      transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.codes, ef.next()),
                 detail::intsgd_encode<Lane>{r, p});
     ctx.aggregate(ws.codes, ws.scratch);
-    transform(space, d, inputs(ws.codes), outputs(gradient), detail::intsgd_decode<Lane>{r, p},
+    transform(space, d, inputs(ws.codes), outputs(detail::gradient_stream(gradient)), detail::intsgd_decode<Lane>{r, p},
               {.when = ctx.output_gate()});
     segmented_reduce<reduction::sum_of_squares>(space, d, d, inputs(ws.codes), detail::lane_value<Lane>{},
                                                 detail::store_total_at{state + detail::intsgd_sums},

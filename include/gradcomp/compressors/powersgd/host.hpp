@@ -94,8 +94,8 @@ void multiply_mtp(host_space const& space, Resources&, float const* m, float con
 }
 
 /// The output pass of one matrix on the host: a row per iteration.
-template <class EF>
-void write_output(host_space const& space, std::size_t rows, std::size_t cols, psgd_output<EF> const& f) {
+template <class EF, class G>
+void write_output(host_space const& space, std::size_t rows, std::size_t cols, psgd_output<EF, G> const& f) {
   [[maybe_unused]] int const threads = space.threads_for(rows * cols);
   GRADCOMP_OMP(parallel for schedule(static) num_threads(threads))
   for (std::size_t r = 0; r < rows; ++r) f.row(r);

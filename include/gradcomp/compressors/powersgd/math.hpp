@@ -97,12 +97,13 @@ struct psgd_unpack_plain {
 /// Output and residual of one matrix in one pass: M_hat = P Q^T into the
 /// gradient, e = acc - M_hat, gated on the step's verdict. The CUDA space
 /// runs it per element (psgd_output_element, a transform); the host per row,
-/// k by k over the whole row, so the inner loops vectorize.
-template <class EF>
+/// in tiles of columns summed k by k, so the inner loops vectorize (and a
+/// 16-bit gradient is written once, rounded from the same float sums).
+template <class EF, class G = float>
 struct psgd_output {
   gate when;
   float const* acc;  // bucket
-  float* gradient;   // bucket
+  G* gradient;       // bucket
   EF ef;
   float const* p;      // rows x rank
   float const* q_t;    // rank x cols
@@ -114,21 +115,29 @@ struct psgd_output {
     gate_state const state = read_gate(when);
     if (state == gate_state::closed) return;
     // Distinct buffers (__restrict), so the row loops vectorize.
-    float* __restrict out = gradient + offset + r * cols;
+    G* __restrict out = gradient + offset + r * cols;
     float const* __restrict a = acc + offset + r * cols;
     if (state == gate_state::poisoned) {
-      for (std::size_t c = 0; c < cols; ++c) out[c] = poison_value<float>();
+      for (std::size_t c = 0; c < cols; ++c) out[c] = G(poison_value<float>());
       return;
-    }
-    for (std::size_t c = 0; c < cols; ++c) out[c] = 0.0f;
-    for (std::size_t k = 0; k < rank; ++k) {
-      float const pk = p[r * rank + k];
-      float const* __restrict qk = q_t + k * cols;
-      for (std::size_t c = 0; c < cols; ++c) out[c] += pk * qk[c];
     }
     auto const e = ef.bind();  // a local copy: its pointers stay in registers
     std::size_t const first = offset + r * cols;
-    for (std::size_t c = 0; c < cols; ++c) e.update(first + c, a[c] - out[c]);
+    constexpr std::size_t tile = 512;
+    alignas(64) float m_hat[tile];
+    for (std::size_t c0 = 0; c0 < cols; c0 += tile) {
+      std::size_t const width = cols - c0 < tile ? cols - c0 : tile;
+      for (std::size_t c = 0; c < width; ++c) m_hat[c] = 0.0f;
+      for (std::size_t k = 0; k < rank; ++k) {
+        float const pk = p[r * rank + k];
+        float const* __restrict qk = q_t + k * cols + c0;
+        for (std::size_t c = 0; c < width; ++c) m_hat[c] += pk * qk[c];
+      }
+      for (std::size_t c = 0; c < width; ++c) {
+        out[c0 + c] = G(m_hat[c]);
+        e.update(first + c0 + c, a[c0 + c] - m_hat[c]);
+      }
+    }
   }
 };
 

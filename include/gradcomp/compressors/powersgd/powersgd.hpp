@@ -82,9 +82,9 @@ void multiply_mtp(cuda_space const& s, Resources& r, float const* m, float const
                   std::size_t cols, std::size_t rank) {
   psgd_device<cuda_kernels_tag, Resources>::multiply_mtp(s, r, m, p, q_t, rows, cols, rank);
 }
-template <class EF>
-void write_output(cuda_space const& space, std::size_t rows, std::size_t cols, psgd_output<EF> const& f) {
-  transform(space, rows * cols, inputs(f.acc + f.offset), outputs(f.gradient + f.offset, f.ef.next(f.offset)),
+template <class EF, class G>
+void write_output(cuda_space const& space, std::size_t rows, std::size_t cols, psgd_output<EF, G> const& f) {
+  transform(space, rows * cols, inputs(f.acc + f.offset), outputs(gradient_stream(f.gradient, f.offset), f.ef.next(f.offset)),
             psgd_output_element{f.p, f.q_t, cols, f.rank}, {.when = f.when});
 }
 #endif
@@ -237,8 +237,8 @@ struct powersgd {
   }
 
   /// One step: gradient <- P Q^T per compressed matrix, the mean elsewhere.
-  template <class Context>
-  void step(Context& ctx, span<float, typename Context::memory> gradient) const {
+  template <class Context, gradient_element G>
+  void step(Context& ctx, span<G, typename Context::memory> gradient) const {
     using EF = typename Context::error_feedback_ref;
     auto const ws = ctx.carve(*this);
     auto const& space = ctx.space();
@@ -247,7 +247,7 @@ struct powersgd {
     float const n = static_cast<float>(ctx.ranks());
     std::size_t const d = gradient.size();
 
-    transform(space, d, inputs(gradient, ef.previous()), outputs(ws.acc), detail::psgd_accumulate{range(ctx.layout())},
+    transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.acc), detail::psgd_accumulate{range(ctx.layout())},
               {.count = ctx.bad_count()});
     ctx.agree_all_finite("NaN, infinite or beyond PowerSGD's range (max(float) / (8 x the longest matrix side))");
     if (ctx.step() == 0 || !warm_start)  // the same Q on every rank
@@ -290,12 +290,12 @@ struct powersgd {
       if (t.rank == 0) {
         transform(space, t.rows * t.cols,
                   inputs(ws.acc.data() + t.offset, ws.p_wire.data() + ws.p.size() + t.plain_offset),
-                  outputs(gradient.data() + t.offset, ef.next(t.offset)), detail::psgd_unpack_plain<Wire>{1.0f / n, n},
+                  outputs(detail::gradient_stream(gradient, t.offset), ef.next(t.offset)), detail::psgd_unpack_plain<Wire>{1.0f / n, n},
                   {.when = when});
         return;
       }
       detail::write_output(space, t.rows, t.cols,
-                           detail::psgd_output<EF>{when, ws.acc.data(), gradient.data(), ef, ws.p.data() + t.p_offset,
+                           detail::psgd_output<EF, G>{when, ws.acc.data(), gradient.data(), ef, ws.p.data() + t.p_offset,
                                                    ws.q_work.data() + t.q_offset, t.offset, t.cols, t.rank});
     });
     transform(space, ws.q_work.size(), inputs(ws.q_work), outputs(ws.q_state), detail::psgd_copy{},

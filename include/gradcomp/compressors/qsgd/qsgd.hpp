@@ -119,19 +119,19 @@ struct qsgd_maxnorm {
   }
 
   /// One step: gradient <- the mean over ranks of their decoded codes.
-  template <class Context>
-  void step(Context& ctx, span<float, typename Context::memory> gradient) const {
+  template <class Context, gradient_element G>
+  void step(Context& ctx, span<G, typename Context::memory> gradient) const {
     auto const ws = ctx.carve(*this);
     auto const& ef = ctx.error_feedback();
     std::size_t const d = gradient.size();
     double const s = static_cast<double>(levels());
 
-    detail::agree_largest_squared_norm(ctx, d, inputs(gradient, ef.previous()), ws.squared_norm, ws.reduce);
+    detail::agree_largest_squared_norm(ctx, d, inputs(detail::gradient_stream(gradient), ef.previous()), ws.squared_norm, ws.reduce);
     transform(ctx.space(), d,
-              inputs(gradient, ef.previous(), rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
+              inputs(detail::gradient_stream(gradient), ef.previous(), rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
               outputs(ws.codes, ef.next()), detail::qsgd_encode<Lane>{ws.squared_norm.data(), s});
     ctx.aggregate(ws.codes, ws.scratch);
-    transform(ctx.space(), d, inputs(ws.codes), outputs(gradient),
+    transform(ctx.space(), d, inputs(ws.codes), outputs(detail::gradient_stream(gradient)),
               detail::qsgd_decode<Lane>{ws.squared_norm.data(), s, static_cast<double>(ctx.ranks())},
               {.when = ctx.output_gate()});
   }

@@ -214,8 +214,8 @@ struct qsgd_multiscale {
   }
 
   /// One step: gradient <- the mean over ranks of their decoded codes.
-  template <class Context>
-  void step(Context& ctx, span<float, typename Context::memory> gradient) const {
+  template <class Context, gradient_element G>
+  void step(Context& ctx, span<G, typename Context::memory> gradient) const {
     auto const ws = ctx.carve(*this);
     auto const& space = ctx.space();
     auto const& ef = ctx.error_feedback();
@@ -223,16 +223,16 @@ struct qsgd_multiscale {
     detail::multiscale_scales const m = scales_for(ctx.ranks());
     detail::multiscale_factors const* factors = ws.factors.data();
 
-    detail::agree_largest_squared_norm(ctx, d, inputs(gradient, ef.previous()), ws.squared_norm, ws.reduce);
+    detail::agree_largest_squared_norm(ctx, d, inputs(detail::gradient_stream(gradient), ef.previous()), ws.squared_norm, ws.reduce);
     parallel_for(space, 1, detail::multiscale_bind{ws.squared_norm.data(), m, ws.factors.data()});
-    transform(space, d, inputs(gradient, ef.previous()), outputs(ws.index), detail::multiscale_propose{factors, m});
+    transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.index), detail::multiscale_propose{factors, m});
     ctx.all_reduce(ws.index, reduce_op::min);
     transform(space, d,
-              inputs(gradient, ef.previous(), ws.index,
+              inputs(detail::gradient_stream(gradient), ef.previous(), ws.index,
                      rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
               outputs(ws.codes, ef.next()), detail::multiscale_encode{factors, m.share});
     ctx.aggregate(ws.codes, ws.scratch);
-    transform(space, d, inputs(ws.codes, ws.index), outputs(gradient), detail::multiscale_decode{factors},
+    transform(space, d, inputs(ws.codes, ws.index), outputs(detail::gradient_stream(gradient)), detail::multiscale_decode{factors},
               {.when = ctx.output_gate()});
   }
 };

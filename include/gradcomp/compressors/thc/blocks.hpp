@@ -151,10 +151,10 @@ inline void host_noise(random_stream const& mine, std::size_t first, std::size_t
 
 /// Encode: one block from acc to lane values, keeping this rank's residual
 /// (e = acc - what its own values decode to).
-template <class Lane, class EF>
+template <class Lane, class EF, class G = float>
 struct thc_encode {
   thc_block_params p;
-  float const* gradient;
+  G const* gradient;
   EF ef;
   Lane* levels;
 
@@ -165,13 +165,13 @@ struct thc_encode {
     std::size_t const first = b * p.block;
     std::size_t const inside = first + p.block <= p.n ? p.block : (first < p.n ? p.n - first : 0);
     auto const e = ef.bind();                      // a local copy: its pointers stay in registers, the loops vectorize
-    float const* __restrict g = gradient + first;  // (only read while it lives)
+    G const* __restrict g = gradient + first;  // (only read while it lives)
     float* __restrict acc = accs;
     float* x = buffer;  // (no __restrict: the rotations below write the block too)
     float const* sign = signs;
     float const forward = p.forward_scale(b), backward = p.backward_scale(b);
     host_signs(p, first, signs);
-    for (std::size_t t = 0; t < inside; ++t) acc[t] = e.accumulate(first + t, g[t]);
+    for (std::size_t t = 0; t < inside; ++t) acc[t] = e.accumulate(first + t, static_cast<float>(g[t]));
     for (std::size_t t = 0; t < inside; ++t) x[t] = thc_finite_or_zero(acc[t]) * sign[t] * forward;
     for (std::size_t t = inside; t < p.block; ++t) x[t] = 0.0f;
     host_rotate(buffer, p.block, p.stages);
@@ -212,11 +212,11 @@ struct thc_encode {
 };
 
 /// Decode: summed lane values of one block to the averaged output.
-template <class Lane>
+template <class Lane, class G = float>
 struct thc_decode {
   thc_block_params p;
   Lane const* summed;
-  float* gradient;
+  G* gradient;
 
   void block(std::size_t b, float* buffer, float* signs, float*, uint4x32*) const {
     std::size_t const first = b * p.block;
@@ -224,21 +224,21 @@ struct thc_decode {
     for (std::size_t t = 0; t < p.block; ++t) dequantize(buffer, first, t);
     host_rotate(buffer, p.block, p.stages);
     host_signs(p, first, signs);
-    float* __restrict out = gradient + first;
+    G* __restrict out = gradient + first;
     float const* __restrict x = buffer;
     float const* __restrict sign = signs;
-    for (std::size_t t = 0; t < p.block && first + t < p.n; ++t) out[t] = thc_restore(x[t], backward, sign[t]);
+    for (std::size_t t = 0; t < p.block && first + t < p.n; ++t) out[t] = G(thc_restore(x[t], backward, sign[t]));
   }
   GRADCOMP_HOST_DEVICE void dequantize(float* buffer, std::size_t first, std::size_t t) const {
     buffer[t] = fused(static_cast<float>(summed[first + t]), p.sum_step, -p.codec.clamp);
   }
   GRADCOMP_HOST_DEVICE void store(float const* buffer, std::size_t first, std::size_t t, float backward,
                                   float sign) const {
-    gradient[first + t] = thc_restore(buffer[t], backward, sign);
+    gradient[first + t] = G(thc_restore(buffer[t], backward, sign));
   }
   /// A vetoed step under nonfinite_policy::propagate: NaN everywhere.
   void poison() const {
-    for (std::size_t i = 0; i < p.n; ++i) gradient[i] = poison_value<float>();
+    for (std::size_t i = 0; i < p.n; ++i) gradient[i] = G(poison_value<float>());
   }
 };
 

@@ -56,8 +56,8 @@ __device__ __forceinline__ void thc_rotate_shared(thc_block_params const& p, flo
   }
 }
 
-template <class Lane, class EF>
-__device__ void thc_run_block(thc_encode<Lane, EF> const f, std::size_t b, float* memory, gate_state) {
+template <class Lane, class EF, class G>
+__device__ void thc_run_block(thc_encode<Lane, EF, G> const f, std::size_t b, float* memory, gate_state) {
   thc_block_params const p = f.p;  // (by value: the address of a kernel parameter would copy it to local memory)
   thc_shared const sh = thc_carve_shared(memory, p.block);
   std::size_t const first = b * p.block;
@@ -66,7 +66,7 @@ __device__ void thc_run_block(thc_encode<Lane, EF> const f, std::size_t b, float
   thc_load_signs(p, first, sh.sign_bits);
   __syncthreads();
   for (std::size_t t = threadIdx.x; t < p.block; t += blockDim.x) {
-    float const acc = first + t < p.n ? ef.accumulate(first + t, f.gradient[first + t]) : 0.0f;
+    float const acc = first + t < p.n ? ef.accumulate(first + t, static_cast<float>(f.gradient[first + t])) : 0.0f;
     sh.acc[t] = acc;
     sh.x[t] = thc_finite_or_zero(acc) * thc_block_sign(p, sh.sign_bits, first, t) * forward;
   }
@@ -88,13 +88,13 @@ __device__ void thc_run_block(thc_encode<Lane, EF> const f, std::size_t b, float
     ef.update(first + t, sh.acc[t] - thc_restore(sh.x[t], backward, thc_block_sign(p, sh.sign_bits, first, t)));
 }
 
-template <class Lane>
-__device__ void thc_run_block(thc_decode<Lane> const f, std::size_t b, float* memory, gate_state state) {
+template <class Lane, class G>
+__device__ void thc_run_block(thc_decode<Lane, G> const f, std::size_t b, float* memory, gate_state state) {
   thc_block_params const p = f.p;  // (by value: the address of a kernel parameter would copy it to local memory)
   std::size_t const first = b * p.block;
   if (state == gate_state::poisoned) {  // a vetoed step under propagate: NaN
     for (std::size_t t = threadIdx.x; t < p.block && first + t < p.n; t += blockDim.x)
-      f.gradient[first + t] = poison_value<float>();
+      f.gradient[first + t] = G(poison_value<float>());
     return;
   }
   thc_shared const sh = thc_carve_shared(memory, p.block);
@@ -272,6 +272,53 @@ __device__ __forceinline__ void thc_store_floats(float* data, std::size_t first,
   }
 }
 
+/// The same for 16-bit gradients: eight elements per 16-byte access.
+template <class G>
+__device__ __forceinline__ float thc_widen(unsigned word, int half_index) {
+  G h;
+  h.bits = static_cast<std::uint16_t>(word >> (16 * half_index));
+  return static_cast<float>(h);
+}
+template <int E, class G>
+  requires(!std::is_same_v<G, float>)
+__device__ __forceinline__ void thc_load_floats(G const* data, std::size_t first, std::size_t n, float (&out)[E]) {
+  if constexpr (E % 8 == 0) {
+    if (first + E <= n && reinterpret_cast<std::uintptr_t>(data + first) % 16 == 0) {
+#pragma unroll
+      for (int v = 0; v < E / 8; ++v) {
+        uint4 const q = reinterpret_cast<uint4 const*>(data + first)[v];
+        unsigned const words[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) out[8 * v + j] = thc_widen<G>(words[j / 2], j % 2);
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) out[e] = first + e < n ? static_cast<float>(data[first + e]) : 0.0f;
+}
+template <int E, class G>
+  requires(!std::is_same_v<G, float>)
+__device__ __forceinline__ void thc_store_floats(G* data, std::size_t first, std::size_t n, float const (&in)[E]) {
+  if constexpr (E % 8 == 0) {
+    if (first + E <= n && reinterpret_cast<std::uintptr_t>(data + first) % 16 == 0) {
+#pragma unroll
+      for (int v = 0; v < E / 8; ++v) {
+        unsigned words[4];
+#pragma unroll
+        for (int w = 0; w < 4; ++w)
+          words[w] = static_cast<unsigned>(G(in[8 * v + 2 * w]).bits) |
+                     (static_cast<unsigned>(G(in[8 * v + 2 * w + 1]).bits) << 16);
+        reinterpret_cast<uint4*>(data + first)[v] = make_uint4(words[0], words[1], words[2], words[3]);
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e)
+    if (first + e < n) data[first + e] = G(in[e]);
+}
+
 /// The uniforms element e of a thread's run rounds with: thc_noise's, with
 /// e's place in its Philox block known at compile time (first % 8 == 0).
 template <bool Table>
@@ -285,8 +332,8 @@ __device__ __forceinline__ void thc_register_noise(uint4x32 const& words, int e,
   }
 }
 
-template <std::size_t B, bool Table, class Lane, class EF>
-__device__ __forceinline__ void thc_register_block(thc_encode<Lane, EF> const& f, thc_lane_block<B>& r, std::size_t b,
+template <std::size_t B, bool Table, class Lane, class EF, class G>
+__device__ __forceinline__ void thc_register_block(thc_encode<Lane, EF, G> const& f, thc_lane_block<B>& r, std::size_t b,
                                                    bool valid, float* exchange) {
   constexpr int E = thc_lane_block<B>::E;
   thc_block_params const p = f.p;
@@ -348,8 +395,8 @@ __device__ __forceinline__ void thc_register_block(thc_encode<Lane, EF> const& f
   }
 }
 
-template <std::size_t B, bool Table, class Lane>
-__device__ __forceinline__ void thc_register_block(thc_decode<Lane> const& f, thc_lane_block<B>& r, std::size_t b,
+template <std::size_t B, bool Table, class Lane, class G>
+__device__ __forceinline__ void thc_register_block(thc_decode<Lane, G> const& f, thc_lane_block<B>& r, std::size_t b,
                                                    bool valid, float* exchange) {
   constexpr int E = thc_lane_block<B>::E;
   thc_block_params const p = f.p;
@@ -376,9 +423,9 @@ __device__ __forceinline__ void thc_register_block(thc_decode<Lane> const& f, th
 
 template <class F>
 __device__ __forceinline__ void thc_poison_run(F const&, std::size_t, std::size_t) {}
-template <class Lane>
-__device__ __forceinline__ void thc_poison_run(thc_decode<Lane> const& f, std::size_t first, std::size_t count) {
-  for (std::size_t e = 0; e < count && first + e < f.p.n; ++e) f.gradient[first + e] = poison_value<float>();
+template <class Lane, class G>
+__device__ __forceinline__ void thc_poison_run(thc_decode<Lane, G> const& f, std::size_t first, std::size_t count) {
+  for (std::size_t e = 0; e < count && first + e < f.p.n; ++e) f.gradient[first + e] = G(poison_value<float>());
 }
 
 /// 256 threads; each group of B / E threads takes one rotation block at a

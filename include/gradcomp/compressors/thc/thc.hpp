@@ -155,15 +155,15 @@ struct thc {
   }
 
   /// One step: gradient <- the mean over ranks of their decoded THC payloads.
-  template <class Context>
-  void step(Context& ctx, span<float, typename Context::memory> gradient) const {
+  template <class Context, gradient_element G>
+  void step(Context& ctx, span<G, typename Context::memory> gradient) const {
     using EF = typename Context::error_feedback_ref;
     auto const ws = ctx.carve(*this);
     auto const& space = ctx.space();
     auto const& ef = ctx.error_feedback();
     std::size_t const d = gradient.size(), blocks = ws.levels.size() / block;
 
-    segmented_reduce<reduction::sum_of_squares>(space, d, group, inputs(gradient, ef.previous()), detail::thc_acc{},
+    segmented_reduce<reduction::sum_of_squares>(space, d, group, inputs(detail::gradient_stream(gradient), ef.previous()), detail::thc_acc{},
                                                 detail::store_double{ws.norms.data()},
                                                 {.scratch = ws.reduce, .count = ctx.bad_count()});
     ctx.agree_all_finite("NaN or infinite");
@@ -180,9 +180,9 @@ struct thc {
         ctx.random(seed, random_purpose::rotation_signs, random_stream::shared),
         ctx.random(seed, random_purpose::rounding, ctx.own_lane()),
         static_cast<float>(2.0 * clamp_value() / (static_cast<double>(top()) * ctx.ranks()))};
-    detail::for_each_block(space, blocks, block, detail::thc_encode<Lane, EF>{p, gradient.data(), ef, ws.levels.data()});
+    detail::for_each_block(space, blocks, block, detail::thc_encode<Lane, EF, G>{p, gradient.data(), ef, ws.levels.data()});
     ctx.aggregate(ws.levels, ws.scratch);
-    detail::for_each_block(space, blocks, block, detail::thc_decode<Lane>{p, ws.levels.data(), gradient.data()},
+    detail::for_each_block(space, blocks, block, detail::thc_decode<Lane, G>{p, ws.levels.data(), gradient.data()},
                            ctx.output_gate());
   }
 };

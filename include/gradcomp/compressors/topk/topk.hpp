@@ -80,12 +80,12 @@ struct topk_keep_unsent {  // this rank's own indices: e = acc - sent
   GRADCOMP_HOST_DEVICE bound bind() const { return {acc, ef.bind(), ranks}; }
 };
 
-template <class W>
+template <class W, class G>
 struct topk_scatter_mean {  // one rank's pairs, added in rank order
   static constexpr bool vectorizes = false;  // (it gathers or scatters at indices it computes)
-  float* gradient;
+  G* gradient;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, std::uint32_t i, W value) const {
-    gradient[i] += mean_codec<W>::mean(value);
+    store_gradient(gradient, i, load_gradient(gradient, i) + mean_codec<W>::mean(value));
   }
 };
 
@@ -164,8 +164,8 @@ struct topk {
   }
 
   /// One step: gradient <- the mean over ranks of their sparse top-k vectors.
-  template <class Context>
-  void step(Context& ctx, span<float, typename Context::memory> gradient) const {
+  template <class Context, gradient_element G>
+  void step(Context& ctx, span<G, typename Context::memory> gradient) const {
     using EF = typename Context::error_feedback_ref;
     using memory = typename Context::memory;
     auto const ws = ctx.carve(*this);
@@ -174,7 +174,7 @@ struct topk {
     std::size_t const d = gradient.size(), sent = ws.indices.size();
     float const ranks = static_cast<float>(ctx.ranks());
 
-    transform(space, d, inputs(gradient, ef.previous()), outputs(ws.acc),
+    transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.acc),
               detail::topk_accumulate{detail::mean_codec<Value>::limit(ctx.ranks())}, {.count = ctx.bad_count()});
     ctx.agree_all_finite(detail::mean_codec<Value>::out_of_range);
 
@@ -184,12 +184,12 @@ struct topk {
     ctx.all_gather(span<Value const, memory>(ws.values), ws.gathered_values);
 
     gate const when = ctx.output_gate();  // (a vetoed step skips the scatters too: the reset wrote or skipped all)
-    transform(space, d, inputs(ws.acc), outputs(gradient, ef.next()), detail::topk_reset{}, {.when = when});
+    transform(space, d, inputs(ws.acc), outputs(detail::gradient_stream(gradient), ef.next()), detail::topk_reset{}, {.when = when});
     transform(space, sent, inputs(ws.indices, ws.values), outputs(),
               detail::topk_keep_unsent<Value, EF>{ws.acc.data(), ef, ranks}, {.when = when});
     for (int r = 0; r < ctx.ranks(); ++r)  // rank order: the same sums on every rank
       transform(space, sent, inputs(ws.gathered_indices.subspan(r * sent, sent), ws.gathered_values.subspan(r * sent, sent)),
-                outputs(), detail::topk_scatter_mean<Value>{gradient.data()}, {.when = when});
+                outputs(), detail::topk_scatter_mean<Value, G>{gradient.data()}, {.when = when});
   }
 };
 

@@ -83,17 +83,17 @@ struct fill_unselected {
 };
 
 // Pack: value p of the payload is element `selected[p / C] * C + p % C`.
-template <class Value, class EF>
+template <class Value, class EF, class G>
 struct topkc_pack {
   static constexpr bool vectorizes = false;  // (it gathers or scatters at indices it computes)
-  float const* gradient;
+  G const* gradient;
   EF ef;
   std::uint32_t const* selected;
   std::size_t n;
   int shift;      // log2(C)
   float inverse;  // 1/n
   struct bound {
-    float const* gradient;
+    G const* gradient;
     typename EF::bound ef;
     std::uint32_t const* selected;
     std::size_t n;
@@ -102,7 +102,7 @@ struct topkc_pack {
     GRADCOMP_HOST_DEVICE void operator()(std::size_t p, Value& packed) const {
       std::size_t const i =
           (static_cast<std::size_t>(selected[p >> shift]) << shift) | (p & ((std::size_t{1} << shift) - 1));
-      packed = i < n ? mean_codec<Value>::encode(ef.accumulate(i, gradient[i]), inverse) : Value(0.0f);
+      packed = i < n ? mean_codec<Value>::encode(ef.accumulate(i, load_gradient(gradient, i)), inverse) : Value(0.0f);
     }
   };
   GRADCOMP_HOST_DEVICE bound bind() const { return {gradient, ef.bind(), selected, n, shift, inverse}; }
@@ -131,8 +131,8 @@ struct topkc_unpack {
 /// The output pass on the host, chunk by chunk: the choice (chosen or
 /// dropped) holds for a whole inner loop, and both loops vectorize. The same
 /// formulas as topkc_unpack, element for element.
-template <class Value, class EF>
-void topkc_output(host_space const& space, std::size_t d, std::size_t chunk, float* gradient, EF const& ef,
+template <class Value, class EF, class G>
+void topkc_output(host_space const& space, std::size_t d, std::size_t chunk, G* gradient, EF const& ef,
                   topkc_unpack<Value> const& f, gate when) {
   gate_state const state = read_gate(when);
   if (state == gate_state::closed) return;
@@ -142,7 +142,7 @@ void topkc_output(host_space const& space, std::size_t d, std::size_t chunk, flo
   for (std::size_t j = 0; j < chunks; ++j) {
     std::size_t const begin = j * chunk, end = begin + chunk < d ? begin + chunk : d;
     if (state == gate_state::poisoned) {
-      for (std::size_t i = begin; i < end; ++i) gradient[i] = poison_value<float>();
+      for (std::size_t i = begin; i < end; ++i) store_gradient(gradient, i, poison_value<float>());
       continue;
     }
     auto const e = ef.bind();  // a local copy: its pointers stay in registers
@@ -150,16 +150,16 @@ void topkc_output(host_space const& space, std::size_t d, std::size_t chunk, flo
     if (k == not_selected) {
       GRADCOMP_OMP(simd)
       for (std::size_t i = begin; i < end; ++i) {
-        e.update(i, e.accumulate(i, gradient[i]));
-        gradient[i] = 0.0f;
+        e.update(i, e.accumulate(i, load_gradient(gradient, i)));
+        store_gradient(gradient, i, 0.0f);
       }
     } else {
       Value const* summed = f.summed + (static_cast<std::size_t>(k) << f.shift) - begin;
       GRADCOMP_OMP(simd)
       for (std::size_t i = begin; i < end; ++i) {
-        float const acc = e.accumulate(i, gradient[i]);
+        float const acc = e.accumulate(i, load_gradient(gradient, i));
         e.update(i, mean_codec<Value>::residual(acc, mean_codec<Value>::encode(acc, f.inverse), f.ranks));
-        gradient[i] = mean_codec<Value>::mean(summed[i]);
+        store_gradient(gradient, i, mean_codec<Value>::mean(summed[i]));
       }
     }
   }
@@ -167,10 +167,11 @@ void topkc_output(host_space const& space, std::size_t d, std::size_t chunk, flo
 
 #if GRADCOMP_HAS_CUDA
 /// The output pass on CUDA: one transform (a warp shares a chunk's choice).
-template <class Value, class EF>
-void topkc_output(cuda_space const& space, std::size_t d, std::size_t, float* gradient, EF const& ef,
+template <class Value, class EF, class G>
+void topkc_output(cuda_space const& space, std::size_t d, std::size_t, G* gradient, EF const& ef,
                   topkc_unpack<Value> const& f, gate when) {
-  transform(space, d, inputs(gradient, ef.previous()), outputs(gradient, ef.next()), f, {.when = when});
+  transform(space, d, inputs(gradient_stream(gradient), ef.previous()), outputs(gradient_stream(gradient), ef.next()), f,
+            {.when = when});
 }
 #endif
 
@@ -297,8 +298,8 @@ struct topk_chunked {
   }
 
   /// One step: gradient <- the rank-mean of the chosen chunks, zero elsewhere.
-  template <class Context>
-  void step(Context& ctx, span<float, typename Context::memory> gradient) const {
+  template <class Context, gradient_element G>
+  void step(Context& ctx, span<G, typename Context::memory> gradient) const {
     using EF = typename Context::error_feedback_ref;
     using memory = typename Context::memory;
     auto const ws = ctx.carve(*this);
@@ -309,7 +310,7 @@ struct topk_chunked {
     float const ranks = static_cast<float>(ctx.ranks());
 
     segmented_reduce<reduction::sum_of_squares>(
-        space, d, chunk_size, inputs(gradient, ef.previous()), detail::topkc_acc{},
+        space, d, chunk_size, inputs(detail::gradient_stream(gradient), ef.previous()), detail::topkc_acc{},
         detail::topkc_store_score<Score>{ws.scores.data()},
         {.count = ctx.bad_count(), .limit = detail::mean_codec<Value>::limit(ctx.ranks())});
     ctx.agree_all_finite(detail::mean_codec<Value>::out_of_range);
@@ -327,7 +328,7 @@ struct topk_chunked {
     }
 
     transform(space, ws.packed.size(), inputs(), outputs(ws.packed),
-              detail::topkc_pack<Value, EF>{gradient.data(), ef, ws.selected.data(), d, shift, 1.0f / ranks});
+              detail::topkc_pack<Value, EF, G>{gradient.data(), ef, ws.selected.data(), d, shift, 1.0f / ranks});
     ctx.aggregate(ws.packed, ws.scratch);
     detail::topkc_output(space, d, chunk_size, gradient.data(), ef,
                          detail::topkc_unpack<Value>{ws.position.data(), ws.packed.data(), shift, 1.0f / ranks, ranks},
