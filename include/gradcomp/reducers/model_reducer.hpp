@@ -30,8 +30,8 @@ struct model_reducer_options {
   std::size_t min_compression_elements = std::size_t{1} << 16;
   /// 1-D tensors (biases, norms) go in buckets of their own, which take `small`.
   bool vectors_uncompressed = true;
-  /// A bucket closes once it holds this many bytes of fp32 gradients (DDP's
-  /// bucket_cap_mb: 25 MiB) ...
+  /// A bucket closes once it holds this many bytes of gradients, as stored
+  /// (DDP's bucket_cap_mb: 25 MiB) ...
   std::size_t bucket_cap_bytes = std::size_t{25} << 20;
   /// ... and the first bucket of each kind at this many (1 MiB), so the first
   /// reduction starts early in the backward pass.
@@ -70,28 +70,33 @@ struct bucket_event {
 /// A step: write each parameter's gradient into gradient(p), call
 /// mark_ready(p) (from a backward hook), then finish() before the optimizer
 /// reads the gradients. Construction is collective.
-template <class Collective, class Space = default_space_t<Collective>>
+template <class Collective, class Space = default_space_t<Collective>, gradient_element Gradient = float>
 class model_reducer {
  public:
   using memory = typename Space::memory;
+  using gradient_type = Gradient;  ///< How gradients are stored: float, bfloat16 or half.
   using shape = std::vector<std::size_t>;
 
   /// Buckets for `shapes` (in backward order) on this rank of `collective`.
   /// On CUDA, `compute` is the space the backward pass runs in: a bucket's
   /// reduction waits for it by an event, and finish() makes it wait for the
-  /// reductions; the host never waits.
+  /// reductions; the host never waits. On the host, the reductions run in
+  /// `compute` (its thread count: one where the ranks are threads).
   model_reducer(std::vector<shape> const& shapes, Collective& collective, model_reducer_options options = {},
                 Space compute = {})
-      : collective_(&collective), options_(std::move(options)), compute_(compute), space_(default_space(collective)) {
+      : collective_(&collective),
+        options_(std::move(options)),
+        compute_(compute),
+        space_(on_device ? default_space(collective) : compute) {
     plan(shapes);
-    storage_ = buffer<float, Space>(total_, space_);
-    space_.fill_zero(storage_.data(), total_ * sizeof(float));
+    storage_ = buffer<Gradient, Space>(total_, space_);
+    space_.fill_zero(storage_.data(), total_ * sizeof(Gradient));
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       bucket_layout layout;
       for (std::size_t p : buckets_[b].params) layout.add(shapes[p]);
       allreducer_options o = options_.reduce;
       o.bucket = b;
-      reducers_.push_back(std::make_unique<any_allreducer<Collective, Space>>(
+      reducers_.push_back(std::make_unique<any_allreducer<Collective, Space, Gradient>>(
           buckets_[b].compressed ? options_.compressor : options_.small, collective, std::move(layout), space_, o));
     }
     ready_events_.resize(buckets_.size());
@@ -114,7 +119,7 @@ class model_reducer {
   }
 
   /// Parameter p's gradient, to be written by the backward pass.
-  span<float, memory> gradient(std::size_t p) {
+  span<Gradient, memory> gradient(std::size_t p) {
     check_parameter(p);
     return storage_.view().subspan(params_[p].offset, params_[p].size);
   }
@@ -164,7 +169,7 @@ class model_reducer {
   /// Buckets, in the order they are reduced.
   std::size_t buckets() const { return buckets_.size(); }
   /// Bucket b's reduction (its compressor, layout, steps, wire bytes).
-  any_allreducer<Collective, Space> const& bucket(std::size_t b) const { return *reducers_[b]; }
+  any_allreducer<Collective, Space, Gradient> const& bucket(std::size_t b) const { return *reducers_[b]; }
   /// The parameters bucket b holds, in its layout's order.
   std::vector<std::size_t> const& parameters_of(std::size_t b) const { return buckets_[b].params; }
   /// The last step's reductions, bucket by bucket.
@@ -285,7 +290,7 @@ class model_reducer {
       open[kind].last = p;
       params_[p].size = n;
       std::size_t const cap = made[kind] == 0 ? options_.first_bucket_cap_bytes : options_.bucket_cap_bytes;
-      if (open[kind].size * sizeof(float) >= cap) close(kind);
+      if (open[kind].size * sizeof(Gradient) >= cap) close(kind);
     }
     close(0);
     close(1);
@@ -380,8 +385,8 @@ class model_reducer {
   std::vector<parameter> params_;
   std::vector<bucket_plan> buckets_;
   std::size_t total_ = 0;
-  buffer<float, Space> storage_;
-  std::vector<std::unique_ptr<any_allreducer<Collective, Space>>> reducers_;
+  buffer<Gradient, Space> storage_;
+  std::vector<std::unique_ptr<any_allreducer<Collective, Space, Gradient>>> reducers_;
 
   // This step.
   std::vector<char> marked_;
