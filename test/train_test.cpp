@@ -61,6 +61,92 @@ TEST_CASE("a short data-parallel run learns and keeps the replicas identical, fo
   }
 }
 
+namespace {
+
+train::result run_local(train::options const& o) {
+  train::result r;
+  gradcomp::local_group::run(4, [&](gradcomp::local_group::communicator& comm) {
+    auto mine = train::train_rank(comm, o, training_data(), test_data());
+    if (comm.rank() == 0) r = std::move(mine);
+  });
+  return r;
+}
+
+train::options small_run(std::string const& compressor) {
+  train::options o;
+  o.compressor = compressor;
+  o.ratio = 0.25;
+  o.chunk = 64;
+  o.hidden = {64};
+  o.batch = 32;
+  o.max_steps = 120;
+  o.eval_every = 40;
+  o.bucket_kb = 2;  // three buckets: W1 (small: bf16), W0 (compressed), the biases (bf16)
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("overlap, 16-bit gradients and checkpoints in the training loop") {
+  openblas_set_num_threads(1);
+  auto const dir = std::filesystem::temp_directory_path() / ("gradcomp_train_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (std::string compressor : {"topkc", "powersgd", "thc", "bf16"}) {
+    INFO(compressor);
+    train::options o = small_run(compressor);
+    o.warmup = compressor == "powersgd" ? 60 : 10;  // powersgd: the checkpoint falls inside warm-up
+    auto const whole = run_local(o);
+    REQUIRE(whole.records.size() == 3);
+
+    SUBCASE("reducing after the backward pass gives the same bits as overlapping it") {
+      train::options off = o;
+      off.overlap = false;
+      CHECK(run_local(off).weights_hash == whole.weights_hash);
+    }
+    SUBCASE("a run resumed from a checkpoint ends with the same bits and records") {
+      train::options first = o;
+      first.max_steps = 40;
+      first.checkpoint = (dir / compressor).string();
+      first.checkpoint_every = 40;
+      run_local(first);
+      train::options second = o;
+      second.resume = first.checkpoint;
+      auto const resumed = run_local(second);
+      CHECK(resumed.weights_hash == whole.weights_hash);
+      REQUIRE(resumed.records.size() == 2);  // steps 80 and 120
+      for (std::size_t i = 0; i < 2; ++i) {
+        CHECK(resumed.records[i].step == whole.records[i + 1].step);
+        CHECK(resumed.records[i].test_accuracy == whole.records[i + 1].test_accuracy);
+        CHECK(resumed.records[i].loss == whole.records[i + 1].loss);
+        CHECK(resumed.records[i].wire_bytes == whole.records[i + 1].wire_bytes);
+      }
+    }
+    SUBCASE("bf16 gradients learn as fp32 gradients do, and keep the replicas identical") {
+      train::options half = o;
+      half.grad_dtype = "bf16";
+      half.check_replicas = true;
+      auto const r = run_local(half);
+      REQUIRE(r.records.size() == 3);
+      CHECK(r.weights_hash != whole.weights_hash);  // the gradients were rounded
+      CHECK(std::abs(r.records.back().test_accuracy - whole.records.back().test_accuracy) < 0.05);
+    }
+  }
+  SUBCASE("a missing or foreign checkpoint fails every rank with its name, and nothing hangs") {
+    train::options o = small_run("topkc");
+    o.resume = (dir / "nowhere").string();
+    CHECK_THROWS_WITH(run_local(o), doctest::Contains("nowhere.rank"));
+    train::options other = small_run("topkc");  // a checkpoint of another compressor
+    other.max_steps = 40;
+    other.checkpoint = (dir / "thc_run").string();
+    other.checkpoint_every = 40;
+    other.compressor = "thc";
+    run_local(other);
+    o.resume = other.checkpoint;
+    CHECK_THROWS_WITH(run_local(o), doctest::Contains("configuration"));
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("the IDX loader refuses missing, truncated and corrupt files with a clear message") {
   auto const dir = std::filesystem::temp_directory_path() / ("gradcomp_idx_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);

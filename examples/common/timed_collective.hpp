@@ -7,6 +7,7 @@
 
 #include <gradcomp/collectives/collective.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 
@@ -33,12 +34,13 @@ class timed_collective {
     timed(count * sizeof(T), [&] { inner_.broadcast(buffer, count, root); });
   }
 
-  /// Seconds spent in collectives so far.
-  double seconds() const { return seconds_; }
+  /// Seconds spent in collectives so far (readable from any thread while
+  /// another calls collectives: a reducer's progress thread).
+  double seconds() const { return seconds_.load(); }
   /// Message bytes so far.
-  std::size_t bytes() const { return bytes_; }
+  std::size_t bytes() const { return bytes_.load(); }
   /// Collective calls so far.
-  int calls() const { return calls_; }
+  int calls() const { return calls_.load(); }
 
  private:
   // Host backends return when the data is in place; timing an asynchronous
@@ -47,13 +49,13 @@ class timed_collective {
   void timed(std::size_t bytes, Call&& call) {
     auto const start = std::chrono::steady_clock::now();
     call();
-    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    bytes_ += bytes;
-    ++calls_;
+    seconds_.fetch_add(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    bytes_.fetch_add(bytes);
+    calls_.fetch_add(1);
   }
 
   Inner& inner_;
-  double seconds_ = 0;
-  std::size_t bytes_ = 0;
-  int calls_ = 0;
+  std::atomic<double> seconds_{0};
+  std::atomic<std::size_t> bytes_{0};
+  std::atomic<int> calls_{0};
 };

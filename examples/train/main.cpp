@@ -46,6 +46,13 @@ char const* const flags = R"(usage: train [flags]
   --k N                randk: coordinates sent per step (10000)
   --ef on|off          residual error feedback (default: off for fp32, fp16, bf16 and qsgd, on for the others)
   --warmup N           first N steps send the plain fp32 mean (0)
+  --overlap on|off     reduce each bucket while the backward pass goes on (on; local and mpi backends)
+  --grad-dtype T       how gradients are stored and reduced: fp32 (default) or bf16 (local and mpi)
+  --bucket-kb N        bucket cap in KiB, as DDP's bucket_cap_mb (256; the default model is about 2 MB)
+  --min-compress N     buckets of fewer elements, and biases, travel as bf16 (4096)
+  --checkpoint PATH    save the run (weights, momentum, reducer state) to PATH.rank<r> ...
+  --checkpoint-every N ... every N steps
+  --resume PATH        continue the run saved at PATH (same flags otherwise)
   --backend NAME       local (threads, default), mpi (under mpiexec), nccl (under mpiexec, one GPU per rank)
   --ranks N            local: ranks (4)
   --batch N            examples per rank per step (64)
@@ -104,6 +111,22 @@ cli parse(int argc, char** argv) {
       c.o.error_feedback = boolean(flag, value());
     else if (flag == "--warmup")
       c.o.warmup = std::stoull(value());
+    else if (flag == "--overlap")
+      c.o.overlap = boolean(flag, value());
+    else if (flag == "--grad-dtype") {
+      c.o.grad_dtype = value();
+      if (c.o.grad_dtype != "fp32" && c.o.grad_dtype != "bf16")
+        usage("--grad-dtype takes fp32 or bf16, not '" + c.o.grad_dtype + "'");
+    } else if (flag == "--bucket-kb")
+      c.o.bucket_kb = std::stoul(value());
+    else if (flag == "--min-compress")
+      c.o.min_compression = std::stoul(value());
+    else if (flag == "--checkpoint")
+      c.o.checkpoint = value();
+    else if (flag == "--checkpoint-every")
+      c.o.checkpoint_every = std::stoul(value());
+    else if (flag == "--resume")
+      c.o.resume = value();
     else if (flag == "--help") {
       std::cout << flags;
       std::exit(0);
@@ -148,37 +171,49 @@ cli parse(int argc, char** argv) {
   } catch (gradcomp::invalid_argument const& e) {
     usage(e.what());
   }
+  if (c.o.checkpoint_every > 0 && c.o.checkpoint.empty()) usage("--checkpoint-every needs --checkpoint PATH");
+  if (!c.o.checkpoint.empty() && c.o.checkpoint_every == 0) usage("--checkpoint needs --checkpoint-every N");
+  if (c.o.bucket_kb == 0) usage("--bucket-kb must be at least 1");
   return c;
 }
 
 void report(cli const& c, int ranks, train::result const& r) {
   gradcomp::compressor_spec const spec = c.o.spec();
   std::string const name = spec.str();
-  std::printf("%8s %7s %9s %11s %9s %14s %8s %9s\n", "step", "epoch", "wall_s", "compress_s", "comm_s", "wire_bytes",
-              "loss", "test_acc");
+  std::printf("%8s %7s %9s %11s %9s %10s %14s %8s %9s\n", "step", "epoch", "wall_s", "compress_s", "comm_s",
+              "exposed_s", "wire_bytes", "loss", "test_acc");
   for (auto const& e : r.records)
-    std::printf("%8zu %7.2f %9.2f %11.3f %9.3f %14zu %8.4f %9.4f\n", e.step, e.epoch, e.wall_s, e.compress_s, e.comm_s,
-                e.wire_bytes, e.loss, e.test_accuracy);
+    std::printf("%8zu %7.2f %9.2f %11.3f %9.3f %10.3f %14zu %8.4f %9.4f\n", e.step, e.epoch, e.wall_s, e.compress_s,
+                e.comm_s, e.exposed_s, e.wire_bytes, e.loss, e.test_accuracy);
+  if (r.records.empty()) {
+    std::printf("summary: no steps left to run\n");
+    return;
+  }
   auto const& last = r.records.back();
+  std::string const to_target = r.time_to_target < 0 ? "not-reached" : std::to_string(r.time_to_target);
+  std::string const steps_to = r.steps_to_target == 0 ? "not-reached" : std::to_string(r.steps_to_target);
   std::printf(
-      "summary: compressor=%s ranks=%d backend=%s target=%.3f time_to_target_s=%s final_accuracy=%.4f "
-      "steps=%zu wire_bytes_per_step=%zu compress_share=%.3f\n",
-      name.c_str(), ranks, c.backend.c_str(), c.o.target,
-      r.time_to_target < 0 ? "not-reached" : std::to_string(r.time_to_target).c_str(), last.test_accuracy, last.step,
-      r.wire_bytes_per_step, last.wall_s > 0 ? last.compress_s / last.wall_s : 0.0);
+      "summary: compressor=%s ranks=%d backend=%s overlap=%s grad_dtype=%s target=%.3f time_to_target_s=%s "
+      "steps_to_target=%s final_accuracy=%.4f steps=%zu wire_bytes_per_step=%zu compress_share=%.3f "
+      "exposed_share=%.3f weights=%016llx\n",
+      name.c_str(), ranks, c.backend.c_str(), c.o.overlap ? "on" : "off", c.o.grad_dtype.c_str(), c.o.target,
+      to_target.c_str(), steps_to.c_str(), last.test_accuracy, last.step, r.wire_bytes_per_step,
+      last.wall_s > 0 ? last.compress_s / last.wall_s : 0.0, last.wall_s > 0 ? last.exposed_s / last.wall_s : 0.0,
+      static_cast<unsigned long long>(r.weights_hash));
   if (!c.out.empty()) {
     std::ofstream csv(c.out);
-    csv << "compressor,ranks,step,epoch,wall_s,compress_s,comm_s,wire_bytes,loss,test_acc\n";
+    csv << "compressor,ranks,step,epoch,wall_s,compress_s,comm_s,exposed_s,wire_bytes,loss,test_acc\n";
     for (auto const& e : r.records)
-      csv << '"' << name << '"' << ',' << ranks << ',' << e.step << ',' << e.epoch << ',' << e.wall_s << ',' << e.compress_s << ','
-          << e.comm_s << ',' << e.wire_bytes << ',' << e.loss << ',' << e.test_accuracy << '\n';
+      csv << '"' << name << '"' << ',' << ranks << ',' << e.step << ',' << e.epoch << ',' << e.wall_s << ','
+          << e.compress_s << ',' << e.comm_s << ',' << e.exposed_s << ',' << e.wire_bytes << ',' << e.loss << ','
+          << e.test_accuracy << '\n';
   }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  cli const c = [&] {
+  cli c = [&] {
     try {
       return parse(argc, argv);
     } catch (std::exception const& e) {  // a number that does not read as one
@@ -200,7 +235,12 @@ int main(int argc, char** argv) {
     }
 #if TRAIN_HAS_MPI
     if (c.backend == "mpi") {
-      MPI_Init(&argc, &argv);
+      int provided = 0;  // the reducer's progress thread calls MPI while this one computes
+      MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+      if (provided < MPI_THREAD_SERIALIZED) {
+        std::cerr << "train: this MPI does not allow calls from a second thread; running with --overlap off\n";
+        c.o.overlap = false;
+      }
       int rank = 0;
       {
         gradcomp::mpi_communicator comm(MPI_COMM_WORLD);

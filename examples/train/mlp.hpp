@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -40,8 +41,11 @@ class mlp {
   std::vector<float> const& params() const { return params_; }
 
   /// Mean cross-entropy of a batch; writes d loss / d params (mean over the
-  /// batch) into `gradient` (layout().size() values).
-  float loss_and_gradient(float const* images, std::uint8_t const* labels, std::size_t batch, float* gradient) {
+  /// batch) into `gradient` (layout().size() values), last layer first, and
+  /// calls ready(t) as soon as tensor t's gradient is written (a backward
+  /// hook: its reduction can start while the layers below are differentiated).
+  float loss_and_gradient(float const* images, std::uint8_t const* labels, std::size_t batch, float* gradient,
+                          std::function<void(std::size_t)> const& ready = {}) {
     forward(images, batch);
     std::size_t const layers = sizes_.size() - 1, classes = sizes_.back();
     // d loss / d logits = (softmax - one-hot) / batch; the softmax is in place.
@@ -62,9 +66,11 @@ class mlp {
       // dW = d^T a, db = column sums of d.
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, out, in, batch, 1.0f, d, out, a, in, 0.0f,
                   gradient + w.offset, in);
+      if (ready) ready(2 * l);
       for (std::size_t o = 0; o < out; ++o) gradient[bias.offset + o] = 0.0f;
       for (std::size_t b = 0; b < batch; ++b)
         for (std::size_t o = 0; o < out; ++o) gradient[bias.offset + o] += d[b * out + o];
+      if (ready) ready(2 * l + 1);
       if (l == 0) break;
       // Through the weights and the ReLU of the layer below.
       std::vector<float>& below = deltas_[l];

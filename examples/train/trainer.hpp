@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -35,6 +36,13 @@ struct options {
   std::size_t k = 10000;                         ///< randk: coordinates sent per step.
   std::optional<bool> error_feedback;            ///< Residual error feedback; unset: the compressor's default.
   std::uint64_t warmup = 0;                      ///< Steps that send the plain fp32 mean first.
+  bool overlap = true;                           ///< Reduce a bucket while the backward pass goes on.
+  std::string grad_dtype = "fp32";               ///< How gradients are stored: fp32 or bf16.
+  std::size_t bucket_kb = 256;                   ///< Bucket cap (DDP's bucket_cap_mb; the MLP is about 2 MB).
+  std::size_t min_compression = 4096;            ///< Smaller buckets and 1-D tensors travel as bf16.
+  std::string checkpoint;                        ///< Save here (one file per rank: PATH.rank<r>) ...
+  std::size_t checkpoint_every = 0;              ///< ... every this many steps (0: never).
+  std::string resume;                            ///< Resume from this checkpoint (PATH, as saved).
   int ranks = 4;                                 ///< In-process ranks (MPI: the world's size).
   std::size_t batch = 64;                        ///< Examples per rank per step.
   float lr = 0.05f;                              ///< SGD learning rate.
@@ -48,6 +56,18 @@ struct options {
   std::size_t eval_every = 100;                  ///< Steps between test evaluations.
   std::size_t max_steps = 0;                     ///< Stop after this many steps (0: no limit).
   bool check_replicas = false;  ///< After each step, ranks compare their weights (throws if they differ).
+
+  /// How the model's buckets are made and reduced.
+  gradcomp::model_reducer_options reducer_options() const {
+    gradcomp::model_reducer_options r;
+    r.compressor = spec();
+    r.min_compression_elements = min_compression;
+    r.bucket_cap_bytes = bucket_kb << 10;
+    r.first_bucket_cap_bytes = bucket_kb << 10;
+    r.overlap = overlap;
+    r.reduce.warmup_steps = warmup;
+    return r;
+  }
 
   /// The compressor these options name (throws invalid_argument for an unknown name).
   gradcomp::compressor_spec spec() const {
@@ -68,59 +88,176 @@ struct record {
   std::size_t step;        ///< Steps done.
   double epoch;            ///< Epochs done.
   double wall_s;           ///< Training seconds (evaluations excluded).
-  double compress_s;       ///< Seconds in the allreducer outside collectives.
+  double compress_s;       ///< Seconds reducing buckets outside collectives (overlapped or not).
   double comm_s;           ///< Seconds in collectives.
   std::size_t wire_bytes;  ///< Bytes put on the wire so far.
   double loss;             ///< Mean training loss since the last evaluation.
   double test_accuracy;    ///< On the 10000 test images.
+  double exposed_s;        ///< Seconds the training thread spent on reductions (handing over, waiting).
 };
 
 /// A run, as rank 0 saw it.
 struct result {
   std::vector<record> records;
   double time_to_target = -1;  ///< Training seconds until test accuracy >= target; -1: not reached.
+  std::size_t steps_to_target = 0;  ///< Steps until test accuracy >= target; 0: not reached.
   std::size_t wire_bytes_per_step = 0;
+  std::uint64_t weights_hash = 0;   ///< FNV-1a of the final weights' bits.
 };
 
-/// An allreducer of any compressor, behind one interface.
+/// How a rank's gradients reach the other ranks. The backward pass hands
+/// over each tensor's gradient as soon as it is computed (ready); finish()
+/// waits for the reductions and leaves the rank-mean of every tensor in a
+/// flat buffer, in the model's layout.
 class reducer {
  public:
   virtual ~reducer() = default;
-  /// gradient <- the mean over ranks, in place (host memory).
-  virtual void reduce(float* gradient, std::size_t size) = 0;
+  /// Tensor t's gradient (layout order) is computed: `values`.
+  virtual void ready(std::size_t tensor, float const* values) = 0;
+  /// Waits for every reduction of this step; writes the mean gradient.
+  virtual void finish(float* gradient) = 0;
   /// Bytes the last step put on the wire.
   virtual std::size_t wire_bytes() const = 0;
   /// Seconds spent in collectives so far (0 where they cannot be told apart
   /// from the compression kernels: NCCL runs both on one stream).
   virtual double comm_seconds() const = 0;
+  /// Seconds spent reducing buckets so far, collectives included (on the
+  /// host: each bucket's reduction, wherever it ran).
+  virtual double reduction_seconds() const = 0;
+  /// The reductions' state (residuals, compressor state, steps).
+  virtual std::vector<std::byte> save() = 0;
+  /// Restores what save() wrote (collective).
+  virtual void restore(std::vector<std::byte> const& bytes) = 0;
 };
 
 /// Makes the reducer for a model's parameter layout.
 using reducer_factory = std::function<std::unique_ptr<reducer>(gradcomp::bucket_layout const&)>;
 
-/// A host reducer over `Collective`, timing its collectives.
-template <class Collective>
+/// The model's tensors in the order the backward pass produces them (the
+/// MLP's last layer first: weights, then bias).
+inline std::vector<std::size_t> backward_order(gradcomp::bucket_layout const& layout) {
+  std::size_t const tensors = layout.tensors().size();
+  std::vector<std::size_t> order;
+  for (std::size_t layer = tensors / 2; layer-- > 0;) order.insert(order.end(), {2 * layer, 2 * layer + 1});
+  return order;
+}
+
+/// A gradcomp model_reducer over `Collective` on the host, gradients stored
+/// as G, timing its collectives.
+template <class Collective, gradcomp::gradient_element G>
 class host_reducer : public reducer {
  public:
   host_reducer(options const& o, Collective& comm, gradcomp::bucket_layout const& layout)
-      : timed_(comm),
-        reduce_(o.spec(), timed_, layout, gradcomp::host_space{.threads = 1},  // the ranks are the threads
-                {.warmup_steps = o.warmup}) {}
-  void reduce(float* gradient, std::size_t size) override { reduce_({gradient, size}); }
+      : layout_(layout), timed_(comm), reduce_(shapes(layout), timed_, o.reducer_options(),
+                                               gradcomp::host_space{.threads = 1}) {  // the ranks are the threads
+    auto const order = backward_order(layout);
+    parameter_of_.resize(order.size());
+    for (std::size_t p = 0; p < order.size(); ++p) parameter_of_[order[p]] = p;
+  }
+  void ready(std::size_t tensor, float const* values) override {
+    std::size_t const p = parameter_of_[tensor];
+    auto g = reduce_.gradient(p);
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = G(values[i]);
+    reduce_.mark_ready(p);
+  }
+  void finish(float* gradient) override {
+    reduce_.finish();
+    for (auto const& e : reduce_.timeline()) busy_ += e.finished - e.started;
+    for (std::size_t t = 0; t < layout_.tensors().size(); ++t) {
+      auto const g = reduce_.gradient(parameter_of_[t]);
+      float* out = gradient + layout_.tensors()[t].offset;
+      for (std::size_t i = 0; i < g.size(); ++i) out[i] = static_cast<float>(g[i]);
+    }
+  }
   std::size_t wire_bytes() const override { return reduce_.wire_bytes(); }
   double comm_seconds() const override { return timed_.seconds(); }
+  double reduction_seconds() const override { return busy_; }
+  std::vector<std::byte> save() override { return reduce_.save(); }
+  void restore(std::vector<std::byte> const& bytes) override { reduce_.restore({bytes.data(), bytes.size()}); }
 
  private:
+  static std::vector<std::vector<std::size_t>> shapes(gradcomp::bucket_layout const& layout) {
+    std::vector<std::vector<std::size_t>> out;
+    for (std::size_t t : backward_order(layout)) out.push_back(layout.tensors()[t].shape);
+    return out;
+  }
+
+  gradcomp::bucket_layout layout_;
   timed_collective<Collective> timed_;
-  gradcomp::any_allreducer<timed_collective<Collective>, gradcomp::host_space> reduce_;
+  gradcomp::model_reducer<timed_collective<Collective>, gradcomp::host_space, G> reduce_;
+  std::vector<std::size_t> parameter_of_;  // layout tensor -> the reducer's parameter
+  double busy_ = 0;
 };
 
 /// The host reducer `o` names, over `comm`.
 template <class Collective>
 reducer_factory host_reducers(options const& o, Collective& comm) {
   return [&o, &comm](gradcomp::bucket_layout const& layout) -> std::unique_ptr<reducer> {
-    return std::make_unique<host_reducer<Collective>>(o, comm, layout);
+    if (o.grad_dtype == "bf16") return std::make_unique<host_reducer<Collective, gradcomp::bfloat16>>(o, comm, layout);
+    return std::make_unique<host_reducer<Collective, float>>(o, comm, layout);
   };
+}
+
+/// What a rank saves to resume a run: the weights, the optimizer's momentum,
+/// the reducer's state and where the run was. One file per rank.
+struct checkpoint {
+  std::uint64_t step = 0;
+  double wall_s = 0, loss_sum = 0;
+  std::uint64_t loss_count = 0, wire = 0;
+  std::vector<float> weights, velocity;
+  std::vector<std::byte> reducer;
+
+  static std::string file(std::string const& path, int rank) { return path + ".rank" + std::to_string(rank); }
+
+  void write(std::string const& path) const {
+    std::string const tmp = path + ".partial";
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      auto put = [&](void const* p, std::size_t n) { out.write(static_cast<char const*>(p), static_cast<long>(n)); };
+      std::uint64_t const sizes[3] = {weights.size(), velocity.size(), reducer.size()};
+      put(magic, sizeof magic);
+      put(&step, 8), put(&wall_s, 8), put(&loss_sum, 8), put(&loss_count, 8), put(&wire, 8), put(sizes, sizeof sizes);
+      put(weights.data(), weights.size() * 4), put(velocity.data(), velocity.size() * 4);
+      put(reducer.data(), reducer.size());
+      if (!out) throw std::runtime_error("cannot write the checkpoint " + tmp);
+    }
+    std::rename(tmp.c_str(), path.c_str());  // a crash mid-write leaves the last whole checkpoint
+  }
+
+  /// Reads a file write() wrote for a model of `d` parameters.
+  static checkpoint read(std::string const& path, std::size_t d) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw std::runtime_error("cannot open the checkpoint " + path);
+    checkpoint c;
+    auto get = [&](void* p, std::size_t n) {
+      if (!in.read(static_cast<char*>(p), static_cast<long>(n)))
+        throw std::runtime_error("the checkpoint " + path + " is truncated");
+    };
+    char m[sizeof magic];
+    std::uint64_t sizes[3];
+    get(m, sizeof m);
+    if (std::memcmp(m, magic, sizeof m) != 0) throw std::runtime_error(path + " is not a training checkpoint");
+    get(&c.step, 8), get(&c.wall_s, 8), get(&c.loss_sum, 8), get(&c.loss_count, 8), get(&c.wire, 8), get(sizes, sizeof sizes);
+    if (sizes[0] != d || sizes[1] != d)
+      throw std::runtime_error("the checkpoint " + path + " is of a model of " + std::to_string(sizes[0]) +
+                               " parameters; this one has " + std::to_string(d));
+    if (sizes[2] > (std::uint64_t{1} << 32)) throw std::runtime_error("the checkpoint " + path + " is corrupt");
+    c.weights.resize(d), c.velocity.resize(d), c.reducer.resize(sizes[2]);
+    get(c.weights.data(), d * 4), get(c.velocity.data(), d * 4), get(c.reducer.data(), c.reducer.size());
+    return c;
+  }
+
+  static constexpr char magic[8] = {'G', 'C', 'T', 'R', 'A', 'I', 'N', '1'};
+};
+
+inline std::uint64_t weights_hash(std::vector<float> const& w) {
+  std::uint64_t hash = 0xcbf29ce484222325ull;
+  for (float v : w) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    hash = (hash ^ bits) * 0x100000001b3ull;
+  }
+  return hash;
 }
 
 /// Test accuracy of `model`.
@@ -136,8 +273,9 @@ inline double accuracy(mlp& model, dataset const& test) {
 
 /// Trains one rank of `comm`; every rank must call it with the same options.
 /// Gradients travel through the reducer `make` builds (by default over `comm`
-/// itself); `comm` also carries the few control messages. Returns rank 0's
-/// records (other ranks return an empty result).
+/// itself), bucket by bucket as the backward pass produces them; `comm` also
+/// carries the few control messages. Returns rank 0's records (other ranks
+/// return an empty result).
 template <class Collective>
 result train_rank(Collective& comm, options const& o, dataset const& train_set, dataset const& test_set,
                   reducer_factory make = {}) {
@@ -158,28 +296,60 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
   std::size_t const total_steps = static_cast<std::size_t>(o.epochs * static_cast<double>(steps_per_epoch));
   std::vector<float> images(o.batch * train_set.pixels), gradient(d), velocity(d, 0.0f);
   std::vector<std::uint8_t> labels(o.batch);
+  auto shuffle = [&](std::size_t epoch) {
+    std::shuffle(shard.begin(), shard.end(), std::mt19937_64(o.seed * 7919 + epoch * 131 + rank));
+  };
 
   result out;
-  double eval_seconds = 0, reduce_seconds = 0, loss_sum = 0;
-  std::size_t loss_count = 0, wire = 0;
+  double eval_seconds = 0, exposed_seconds = 0, loss_sum = 0, resumed_wall = 0;
+  std::size_t loss_count = 0, wire = 0, first_step = 0;
+  if (!o.resume.empty()) {  // every rank restores together, or none does
+    checkpoint c;
+    std::string failure;
+    try {
+      c = checkpoint::read(checkpoint::file(o.resume, rank), d);
+    } catch (std::exception const& e) {
+      failure = e.what();
+    }
+    try {
+      reduce->restore(c.reducer);  // (an empty state fails on every rank)
+    } catch (std::exception const& e) {
+      throw std::runtime_error(failure.empty() ? std::string(e.what()) : failure);
+    }
+    model.params() = std::move(c.weights);
+    velocity = std::move(c.velocity);
+    first_step = c.step, resumed_wall = c.wall_s, loss_sum = c.loss_sum, loss_count = c.loss_count, wire = c.wire;
+    for (std::size_t epoch = 0; epoch * steps_per_epoch < first_step; ++epoch) shuffle(epoch);  // the data order so far
+  }
   auto const start = clock::now();
+  auto wall = [&] {
+    return resumed_wall + std::chrono::duration<double>(clock::now() - start).count() - eval_seconds;
+  };
   std::int32_t stop = 0;
-  for (std::size_t step = 0; step < total_steps && !stop && (o.max_steps == 0 || step < o.max_steps); ++step) {
+  for (std::size_t step = first_step; step < total_steps && !stop && (o.max_steps == 0 || step < o.max_steps);
+       ++step) {
     std::size_t const in_epoch = step % steps_per_epoch;
-    if (in_epoch == 0)
-      std::shuffle(shard.begin(), shard.end(), std::mt19937_64(o.seed * 7919 + step / steps_per_epoch * 131 + rank));
+    if (in_epoch == 0) shuffle(step / steps_per_epoch);
     for (std::size_t b = 0; b < o.batch; ++b) {
       std::size_t const example = shard[in_epoch * o.batch + b];
       std::memcpy(images.data() + b * train_set.pixels, train_set.images.data() + example * train_set.pixels,
                   train_set.pixels * sizeof(float));
       labels[b] = train_set.labels[example];
     }
-    loss_sum += model.loss_and_gradient(images.data(), labels.data(), o.batch, gradient.data());
+    // Backward: each tensor's gradient goes to its bucket as soon as it is
+    // computed; a whole bucket starts reducing while the layers below are
+    // differentiated.
+    // (exposed: what the training thread spends on reductions, in ready()
+    // and finish(); without overlap every reduction runs inside ready().)
+    loss_sum += model.loss_and_gradient(images.data(), labels.data(), o.batch, gradient.data(), [&](std::size_t t) {
+      auto const before = clock::now();
+      reduce->ready(t, gradient.data() + model.layout().tensors()[t].offset);
+      exposed_seconds += std::chrono::duration<double>(clock::now() - before).count();
+    });
     ++loss_count;
-
     auto const before = clock::now();
-    reduce->reduce(gradient.data(), d);  // the rank mean, through the compressor
-    reduce_seconds += std::chrono::duration<double>(clock::now() - before).count();
+    reduce->finish(gradient.data());  // the rank mean, through the compressor
+    exposed_seconds += std::chrono::duration<double>(clock::now() - before).count();
     wire += reduce->wire_bytes();
 
     auto& w = model.params();
@@ -188,12 +358,7 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
       w[i] -= o.lr * velocity[i];
     }
     if (o.check_replicas) {
-      std::uint64_t hash = 0xcbf29ce484222325ull;
-      for (float v : w) {
-        std::uint32_t bits;
-        std::memcpy(&bits, &v, 4);
-        hash = (hash ^ bits) * 0x100000001b3ull;
-      }
+      std::uint64_t const hash = weights_hash(w);
       std::vector<std::uint64_t> all(ranks);
       comm.all_gather(&hash, all.data(), 1);
       for (int r = 1; r < ranks; ++r)
@@ -206,21 +371,29 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
     if ((step + 1) % o.eval_every == 0 || last) {
       if (rank == 0) {
         auto const eval_start = clock::now();
+        double const now = wall();
         double const acc = accuracy(model, test_set);
-        double const wall = std::chrono::duration<double>(eval_start - start).count() - eval_seconds;
         eval_seconds += std::chrono::duration<double>(clock::now() - eval_start).count();
-        out.records.push_back({step + 1, static_cast<double>(step + 1) / steps_per_epoch, wall,
-                               reduce_seconds - reduce->comm_seconds(), reduce->comm_seconds(), wire,
-                               loss_sum / loss_count, acc});
-        if (acc >= o.target && out.time_to_target < 0) out.time_to_target = wall;
-        stop = (o.stop_at_target && out.time_to_target >= 0) || (o.time_budget > 0 && wall >= o.time_budget);
+        double const comm_s = reduce->comm_seconds();
+        out.records.push_back({step + 1, static_cast<double>(step + 1) / steps_per_epoch, now,
+                               std::max(0.0, reduce->reduction_seconds() - comm_s), comm_s, wire, loss_sum / loss_count, acc,
+                               exposed_seconds});
+        if (acc >= o.target && out.time_to_target < 0) out.time_to_target = now, out.steps_to_target = step + 1;
+        stop = (o.stop_at_target && out.time_to_target >= 0) || (o.time_budget > 0 && now >= o.time_budget);
       }
       loss_sum = 0;
       loss_count = 0;
       comm.broadcast(&stop, 1, 0);  // rank 0 decides for everyone
     }
+    if (!o.checkpoint.empty() && o.checkpoint_every > 0 && (step + 1) % o.checkpoint_every == 0) {
+      double now = rank == 0 ? wall() : 0;  // rank 0's clock, as the records
+      comm.broadcast(&now, 1, 0);
+      checkpoint c{step + 1, now, loss_sum, loss_count, wire, model.params(), velocity, reduce->save()};
+      c.write(checkpoint::file(o.checkpoint, rank));
+    }
   }
   out.wire_bytes_per_step = reduce->wire_bytes();
+  out.weights_hash = weights_hash(model.params());
   if (rank != 0) out.records.clear();
   return out;
 }
