@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
-"""Turns the trainer's per-run CSVs (named RATE__COMPRESSOR.csv) into the
-time-to-accuracy table, a combined CSV and an accuracy-versus-time plot.
+"""Turns the trainer's per-run CSVs (named RATE__COMPRESSOR.csv, or
+RATE__COMPRESSOR__rK.csv for repetition K) into the time-to-accuracy table
+(medians over repetitions, with the range), a table of each compressor with
+and without overlap (COMPRESSOR~no-overlap), a combined CSV and an
+accuracy-versus-time plot.
 
     report.py [--target 0.85] [--csv out.csv] [--plot out.png] RUN.csv ...
 
@@ -28,13 +31,21 @@ def rate_key(rate):
     return (2, rate)
 
 
+def parse_name(path):
+    """RATE__NAME.csv or RATE__NAME__rK.csv (repetition K) -> (rate, name)."""
+    base = os.path.basename(path)[: -len(".csv")]
+    parts = base.split("__")
+    if len(parts) == 3 and parts[2].startswith("r"):
+        parts = parts[:2]
+    if len(parts) != 2:
+        raise SystemExit(f"{path}: expected a name of the form RATE__COMPRESSOR.csv or RATE__COMPRESSOR__rK.csv")
+    return parts[0], parts[1]
+
+
 def load(paths):
     runs = []
     for path in paths:
-        base = os.path.basename(path)[: -len(".csv")]
-        if "__" not in base:
-            raise SystemExit(f"{path}: expected a name of the form RATE__COMPRESSOR.csv")
-        rate, name = base.split("__", 1)
+        rate, name = parse_name(path)
         with open(path) as f:
             rows = [
                 {k: float(v) for k, v in row.items() if k not in ("compressor",)} for row in csv.DictReader(f)
@@ -48,32 +59,106 @@ def load(paths):
 def summarize(run, target):
     rows = run["rows"]
     last = rows[-1]
-    reached = next((r["wall_s"] for r in rows if r["test_acc"] >= target), None)
+    hit = next((r for r in rows if r["test_acc"] >= target), None)
+    wall = last["wall_s"]
     return {
         "rate": run["rate"],
         "name": run["name"],
-        "tta": reached,
+        "tta": hit["wall_s"] if hit else None,
+        "steps": hit["step"] if hit else None,
         "final_acc": last["test_acc"],
         "wire_per_step": last["wire_bytes"] / last["step"],
-        "compress_share": last["compress_s"] / last["wall_s"] if last["wall_s"] > 0 else 0.0,
-        "comm_share": last["comm_s"] / last["wall_s"] if last["wall_s"] > 0 else 0.0,
+        "ms_per_step": 1e3 * wall / last["step"],
+        "compress_share": last["compress_s"] / wall if wall > 0 else 0.0,
+        "comm_share": last["comm_s"] / wall if wall > 0 else 0.0,
     }
+
+
+def median(values):
+    v = sorted(values)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def group(summaries):
+    """Repetitions of one configuration -> one summary: medians, and the range
+    of the time to target (None unless every repetition reached it)."""
+    groups = {}
+    for s in summaries:
+        groups.setdefault((s["rate"], s["name"]), []).append(s)
+    out = []
+    for (rate, name), reps in groups.items():
+        reached = [r["tta"] for r in reps if r["tta"] is not None]
+        g = {"rate": rate, "name": name, "runs": len(reps)}
+        for key in ("final_acc", "wire_per_step", "ms_per_step", "compress_share", "comm_share"):
+            g[key] = median([r[key] for r in reps])
+        whole = len(reached) == len(reps)
+        g["tta"] = median(reached) if whole else None
+        g["tta_range"] = (min(reached), max(reached)) if whole else None
+        g["steps"] = median([r["steps"] for r in reps]) if whole else None
+        g["reached"] = len(reached)
+        out.append(g)
+    return out
+
+
+def variant(name):
+    """A configuration's variant: what follows '~' (e.g. 'no-overlap'), or ''."""
+    return name.split("~", 1)[1] if "~" in name else ""
+
+
+def baseline_of(name):
+    v = variant(name)
+    return "bf16" + ("~" + v if v else "")
 
 
 def table(summaries, target):
     lines = [
         f"| network | compressor | time to {target:.0%} (s) | speedup vs bf16 | final accuracy | wire MB/step "
-        "| compression share | communication share |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| compression share | communication share | runs | steps to target | ms/step |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    base = {s["rate"]: s["tta"] for s in summaries if s["name"] == "bf16"}
-    for s in sorted(summaries, key=lambda s: (rate_key(s["rate"]), s["name"])):
-        tta = f'{s["tta"]:.1f}' if s["tta"] is not None else "not reached"
-        b = base.get(s["rate"])
-        speedup = f'{b / s["tta"]:.2f}x' if (b is not None and s["tta"]) else "-"
+    groups = group(summaries)
+    base = {(g["rate"], g["name"]): g["tta"] for g in groups}
+    for g in sorted(groups, key=lambda g: (rate_key(g["rate"]), g["name"])):
+        if g["tta"] is None:
+            tta = "not reached" if g["reached"] == 0 else f'{g["reached"]} of {g["runs"]} reached'
+        elif g["runs"] > 1:
+            tta = f'{g["tta"]:.1f} ({g["tta_range"][0]:.1f}-{g["tta_range"][1]:.1f})'
+        else:
+            tta = f'{g["tta"]:.1f}'
+        b = base.get((g["rate"], baseline_of(g["name"])))
+        speedup = f'{b / g["tta"]:.2f}x' if (b is not None and g["tta"]) else "-"
+        steps = f'{g["steps"]:.0f}' if g["steps"] is not None else "-"
         lines.append(
-            f'| {s["rate"]} | {s["name"]} | {tta} | {speedup} | {s["final_acc"]:.4f} | '
-            f'{s["wire_per_step"] / 1e6:.3f} | {s["compress_share"]:.1%} | {s["comm_share"]:.1%} |'
+            f'| {g["rate"]} | {g["name"]} | {tta} | {speedup} | {g["final_acc"]:.4f} | '
+            f'{g["wire_per_step"] / 1e6:.3f} | {g["compress_share"]:.1%} | {g["comm_share"]:.1%} | {g["runs"]} | '
+            f'{steps} | {g["ms_per_step"]:.1f} |'
+        )
+    return "\n".join(lines)
+
+
+def overlap_table(summaries, target):
+    """Each compressor with overlap (NAME) beside without (NAME~no-overlap):
+    median time per step and to the target; empty where no pair exists."""
+    groups = {(g["rate"], g["name"]): g for g in group(summaries)}
+    pairs = sorted(
+        ((rate, name) for rate, name in groups if not variant(name) and (rate, name + "~no-overlap") in groups),
+        key=lambda k: (rate_key(k[0]), k[1]),
+    )
+    if not pairs:
+        return ""
+    lines = [
+        f"| network | compressor | ms/step, no overlap | ms/step, overlap | step time | time to {target:.0%}, "
+        "no overlap (s) | time to target, overlap (s) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for rate, name in pairs:
+        on, off = groups[(rate, name)], groups[(rate, name + "~no-overlap")]
+        change = on["ms_per_step"] / off["ms_per_step"] - 1
+        t = lambda g: f'{g["tta"]:.1f}' if g["tta"] is not None else "not reached"  # noqa: E731
+        lines.append(
+            f'| {rate} | {name} | {off["ms_per_step"]:.1f} | {on["ms_per_step"]:.1f} | {change:+.1%} | {t(off)} | '
+            f"{t(on)} |"
         )
     return "\n".join(lines)
 
@@ -128,7 +213,12 @@ def main(argv):
     p.add_argument("runs", nargs="+")
     a = p.parse_args(argv)
     runs = load(a.runs)
-    print(table([summarize(r, a.target) for r in runs], a.target))
+    summaries = [summarize(r, a.target) for r in runs]
+    print(table(summaries, a.target))
+    overlap = overlap_table(summaries, a.target)
+    if overlap:
+        print()
+        print(overlap)
     if a.csv:
         write_csv(a.csv, runs)
     if a.plot:

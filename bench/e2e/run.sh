@@ -6,9 +6,13 @@
 # bucket) to each rate in turn, once per compressor, until the target test
 # accuracy; then prints one table (time-to-accuracy, speedup over bf16, final
 # accuracy, wire bytes per step, share of time in compression) and writes
-# e2e.csv and e2e.png to the output folder.
+# e2e.csv and e2e.png to the output folder. --repeat N runs every
+# configuration N times (the table gives medians and ranges); --overlap-both
+# runs each compressor also with --overlap off (COMPRESSOR~no-overlap) and
+# prints the two side by side; --only "bf16 topkc-10%" limits the compressors.
 #
-#   sudo bench/e2e/run.sh [--out DIR] [--rates "unshaped 10gbit 1gbit"] [--target 0.85] [-- more train flags]
+#   sudo bench/e2e/run.sh [--out DIR] [--rates "unshaped 10gbit 1gbit"] [--target 0.85] [--repeat N]
+#                         [--overlap-both] [--only "NAMES"] [-- more train flags]
 #
 # Needs root (network namespaces, tc) and iproute2, OpenMPI, gnuplot; creates
 # and deletes its own namespace.
@@ -18,14 +22,21 @@ cd "$(dirname "$0")/../.."
 out=e2e-results
 rates="unshaped 10gbit 1gbit"
 target=0.85
+repeat=1
+overlap_modes=(on)
+only=""
 extra=()
 while (($#)); do
   case $1 in
     --out) out=$2; shift 2 ;;
     --rates) rates=$2; shift 2 ;;
     --target) target=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
+    --overlap-both) overlap_modes=(on off); shift ;;
+    --only) only=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
-    *) echo "usage: $0 [--out DIR] [--rates LIST] [--target ACC] [-- train flags]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--out DIR] [--rates LIST] [--target ACC] [--repeat N] [--overlap-both] [--only NAMES]" \
+         "[-- train flags]" >&2; exit 2 ;;
   esac
 done
 
@@ -83,12 +94,21 @@ for rate in $rates; do
   for entry in "${compressors[@]}"; do
     name=${entry%%|*}
     flags=${entry#*|}
-    echo "== $rate: $name"
-    # shellcheck disable=SC2086
-    ip netns exec "$ns" mpiexec -n 4 --oversubscribe --allow-run-as-root --bind-to none \
-      --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
-      "$train" --backend mpi $flags --target "$target" --stop-at-target --epochs 6 --eval-every 25 \
-      --out "$out/${rate}__${name}.csv" "${extra[@]}" | tail -1
+    if [ -n "$only" ] && [[ " $only " != *" $name "* ]]; then continue; fi
+    for overlap in "${overlap_modes[@]}"; do
+      label=$name
+      [ "$overlap" = off ] && label="$name~no-overlap"
+      for ((k = 1; k <= repeat; k++)); do
+        file="$out/${rate}__${label}.csv"
+        ((repeat > 1)) && file="$out/${rate}__${label}__r$k.csv"
+        echo "== $rate: $label${repeat:+ (run $k of $repeat)}"
+        # shellcheck disable=SC2086
+        ip netns exec "$ns" mpiexec -n 4 --oversubscribe --allow-run-as-root --bind-to none \
+          --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
+          "$train" --backend mpi $flags --overlap "$overlap" --target "$target" --stop-at-target --epochs 6 \
+          --eval-every 25 --out "$file" "${extra[@]}" | tail -1
+      done
+    done
   done
 done
 
