@@ -8,6 +8,7 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 namespace gradcomp::inline GRADCOMP_ABI {
@@ -54,5 +55,41 @@ concept collective = requires(C& c, C const& cc, float const* send, float* recv,
   c.all_gather(send, recv, n);
   c.broadcast(recv, n, 0);
 };
+
+/// A collective that can also reduce-scatter (every gradcomp backend can;
+/// the hierarchical path needs it):
+/// - reduce_scatter(send, recv, count, op): send holds size() blocks of
+///   count elements; recv = op over ranks of block rank() of their send.
+///   recv may be send + rank() * count (in place; the rest of send may then
+///   be overwritten). Element for element, the result is what all_reduce
+///   would give the same block (bitwise in local_group).
+template <class C>
+concept reduce_scattering = collective<C> && requires(C& c, float const* send, float* recv, std::size_t n) {
+  c.reduce_scatter(send, recv, n, reduce_op::sum);
+};
+
+/// A collective that can split into smaller groups (every gradcomp backend
+/// can; the hierarchical path needs it):
+/// - split(color, key): collective over this group; a new communicator of the
+///   ranks that passed the same color, ranked by (key, rank): MPI_Comm_split's
+///   rule.
+template <class C>
+concept splittable = collective<C> && requires(C& c) {
+  { c.split(0, 0) } -> std::same_as<C>;
+};
+
+namespace detail {
+/// The step's agreement: every rank's status word summed over the group. A
+/// collective that is one rail of a larger world (hierarchical) agrees over
+/// the whole world instead, through its agree() member, so every rank of the
+/// world commits or fails a step together.
+template <class C>
+void agree_sum(C& c, std::uint64_t const* send, std::uint64_t* recv) {
+  if constexpr (requires { c.agree(send, recv); })
+    c.agree(send, recv);
+  else
+    c.all_reduce(send, recv, 1, reduce_op::sum);
+}
+}  // namespace detail
 
 }  // namespace gradcomp

@@ -17,7 +17,10 @@
 #include <gradcomp/execution.hpp>
 #include <gradcomp/types.hpp>
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdint>
+#include <map>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -26,6 +29,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace gradcomp::inline GRADCOMP_ABI {
@@ -81,6 +85,49 @@ class local_group {
       io.finish();
     }
 
+    /// recv = op over ranks of block rank() of send (size() blocks of count),
+    /// in rank order: bitwise all_reduce's result for that block. recv may be
+    /// send + rank() * count.
+    template <wire_type T>
+    void reduce_scatter(T const* send, T* recv, std::size_t count, reduce_op op) {
+      staged<T> io(send, recv, count * size(), count);
+      run({kind::reduce_scatter, dtype_of_v<T>, op, count, 0, io.send(), io.recv()},
+          [&](post const* posts) { reduce_block<T>(posts, count, op, io.recv()); });
+      io.finish();
+    }
+
+    /// The ranks that pass the same color, ranked by (key, rank) as
+    /// MPI_Comm_split does: a group of their own, collective over this one.
+    /// A failure that aborts this group aborts the new one too.
+    communicator split(int color, int key) {
+      int const n = size();
+      std::int64_t const mine[2] = {color, key};
+      std::vector<std::int64_t> all(2 * static_cast<std::size_t>(n));
+      all_gather(mine, all.data(), 2);
+      std::vector<int> members;
+      for (int r = 0; r < n; ++r)
+        if (all[2 * r] == color) members.push_back(r);
+      std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
+      int const new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+      shared_state& s = *state_;
+      std::pair<std::uint64_t, int> const id{splits_, color};
+      ++splits_;  // every rank splits in the same order, so the ids agree
+      std::shared_ptr<shared_state> group;
+      if (members.front() == rank_) {  // the color's first rank makes the group ...
+        group = std::make_shared<shared_state>(static_cast<int>(members.size()));
+        std::lock_guard lock(s.mutex);
+        s.made[id] = group;
+        s.children.push_back(group);
+      }
+      s.arrive_and_wait([] {});
+      if (!group) {  // ... the others find it
+        std::lock_guard lock(s.mutex);
+        group = s.made.at(id);
+      }
+      s.arrive_and_wait([&s] { s.made.clear(); });
+      return communicator(std::move(group), new_rank);
+    }
+
     /// Marks the group failed and wakes every rank blocked in a collective;
     /// they, and every later collective, throw collective_error(reason).
     void abort(std::string const& reason) { state_->abort(reason); }
@@ -89,8 +136,8 @@ class local_group {
     friend class local_group;
     communicator(std::shared_ptr<shared_state> state, int rank) : state_(std::move(state)), rank_(rank) {}
 
-    enum class kind { all_reduce, all_gather, broadcast };
-    static constexpr char const* kind_name[] = {"all_reduce", "all_gather", "broadcast"};
+    enum class kind { all_reduce, all_gather, broadcast, reduce_scatter };
+    static constexpr char const* kind_name[] = {"all_reduce", "all_gather", "broadcast", "reduce_scatter"};
 
     struct post {
       kind what;
@@ -167,6 +214,22 @@ class local_group {
       }
     }
 
+    // Reduces block rank_ of every rank's input into `out` (the same formula,
+    // element for element, as reduce_my_slice).
+    template <class T>
+    void reduce_block(post const* posts, std::size_t count, reduce_op op, T* out) {
+      using A = detail::accumulator_t<T>;
+      int const n = size();
+      std::size_t const first = count * static_cast<std::size_t>(rank_);
+      for (std::size_t i = 0; i < count; ++i) {
+        // NOLINTNEXTLINE(bugprone-signed-char-misuse): int8 elements are signed numbers
+        A acc = static_cast<A>(static_cast<T const*>(posts[0].send)[first + i]);
+        for (int r = 1; r < n; ++r)
+          acc = detail::combine(acc, static_cast<A>(static_cast<T const*>(posts[r].send)[first + i]), op);
+        out[i] = static_cast<T>(acc);
+      }
+    }
+
     // Post, agree, do this rank's part, wait for every rank's part, then copy
     // the shared result (all_reduce) out.
     template <class Work>
@@ -182,6 +245,7 @@ class local_group {
 
     std::shared_ptr<shared_state> state_;
     int rank_;
+    std::uint64_t splits_ = 0;  // splits made so far (the same count on every rank)
   };
 
   /// A group of `ranks` ranks (at least 1).
@@ -249,6 +313,8 @@ class local_group {
     bool aborted = false;
     std::string reason;
     int first_failed_rank = -1;
+    std::map<std::pair<std::uint64_t, int>, std::shared_ptr<shared_state>> made;  // a split's groups, while it runs
+    std::vector<std::weak_ptr<shared_state>> children;                          // groups split from this one
 
     // A barrier that runs `last` (under the lock) when the last rank arrives,
     // and that abort() breaks.
@@ -279,6 +345,8 @@ class local_group {
         first_failed_rank = failed_rank;
       }
       wake.notify_all();
+      for (auto const& child : children)  // (a child never locks its parent: no deadlock)
+        if (auto c = child.lock()) c->abort(why);
     }
 
     // Runs once per collective, by the last rank to arrive: every rank sees
@@ -299,8 +367,8 @@ class local_group {
           why << communicator::kind_name[int(p.what)] << ": ranks disagree on the element count: rank 0 " << first.count
               << ", rank " << r << ' ' << p.count;
         else if (p.op != first.op)
-          why << "all_reduce: ranks disagree on the operator: rank 0 " << name_of(first.op) << ", rank " << r << ' '
-              << name_of(p.op);
+          why << communicator::kind_name[int(p.what)] << ": ranks disagree on the operator: rank 0 "
+              << name_of(first.op) << ", rank " << r << ' ' << name_of(p.op);
         else if (p.root != first.root)
           why << "broadcast: ranks disagree on the root: rank 0 " << first.root << ", rank " << r << ' ' << p.root;
         if (!why.str().empty()) {
@@ -324,5 +392,6 @@ class local_group {
 };
 
 static_assert(collective<local_group::communicator>);
+static_assert(reduce_scattering<local_group::communicator> && splittable<local_group::communicator>);
 
 }  // namespace gradcomp

@@ -18,12 +18,16 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 
 namespace gradcomp::inline GRADCOMP_ABI {
 
-/// Wraps an MPI communicator it does not own; satisfies gradcomp::collective.
+/// Wraps an MPI communicator; satisfies gradcomp::collective. It does not
+/// own a communicator it is given; one that split() made is freed with the
+/// last copy.
 ///
 /// Host buffers always; device buffers only when the caller declares the MPI
 /// library CUDA-aware. fp16 and bf16 have no MPI datatype: they travel as
@@ -70,6 +74,40 @@ class mpi_communicator {
   void broadcast(T* buffer, std::size_t count, int root) {
     if (count == 0) return;
     check(MPI_Bcast(buffer, checked_count(count), datatype<T>(), root, comm_), "MPI_Bcast");
+  }
+
+  /// recv = op over ranks of block rank() of send (size() blocks of count);
+  /// recv may be send + rank() * count (in place, host buffers: the rest of
+  /// send is then overwritten).
+  template <wire_type T>
+  void reduce_scatter(T const* send, T* recv, std::size_t count, reduce_op op) {
+    if (count == 0) return;
+    int const n = checked_count(count);
+    std::size_t const mine = count * static_cast<std::size_t>(rank_);
+    if (send + mine != recv) {
+      check(MPI_Reduce_scatter_block(send, recv, n, datatype<T>(), operation<T>(op), comm_), "MPI_Reduce_scatter_block");
+      return;
+    }
+    T* whole = recv - mine;  // MPI's in-place form leaves the result in the buffer's first block
+    check(MPI_Reduce_scatter_block(MPI_IN_PLACE, whole, n, datatype<T>(), operation<T>(op), comm_),
+          "MPI_Reduce_scatter_block");
+    if (mine != 0) std::memmove(recv, whole, count * sizeof(T));
+  }
+
+  /// MPI_Comm_split: the ranks that pass the same color, ranked by (key,
+  /// rank). Collective.
+  mpi_communicator split(int color, int key) const {
+    MPI_Comm out = MPI_COMM_NULL;
+    check(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split");
+    return owning(out);
+  }
+
+  /// The ranks that share this node's memory (MPI_Comm_split_type with
+  /// MPI_COMM_TYPE_SHARED), ranked as here. Collective.
+  mpi_communicator split_node() const {
+    MPI_Comm out = MPI_COMM_NULL;
+    check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &out), "MPI_Comm_split_type");
+    return owning(out);
   }
 
   /// Ends every process of the communicator (MPI has no gentler way to free
@@ -146,12 +184,24 @@ class mpi_communicator {
     return op;
   }
 
+  mpi_communicator owning(MPI_Comm comm) const {
+    mpi_communicator c(comm, cuda_aware_);
+    c.owner_ = std::shared_ptr<void>(nullptr, [comm](void*) mutable {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Comm_free(&comm);
+    });
+    return c;
+  }
+
   MPI_Comm comm_;
   bool cuda_aware_;
+  std::shared_ptr<void> owner_;  // frees a communicator split() made
   int rank_ = 0;
   int size_ = 1;
 };
 
 static_assert(collective<mpi_communicator>);
+static_assert(reduce_scattering<mpi_communicator> && splittable<mpi_communicator>);
 
 }  // namespace gradcomp

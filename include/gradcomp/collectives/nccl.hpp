@@ -14,7 +14,10 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <thread>
 #include <utility>
@@ -88,6 +91,34 @@ class nccl_communicator {
   void broadcast(T* buffer, std::size_t count, int root) {
     require_live();
     check(ncclBroadcast(buffer, buffer, count, type_of<T>(), root, comm_, stream_), "ncclBroadcast");
+  }
+
+  /// recv = op over ranks of block rank() of send (size() blocks of count);
+  /// recv may be send + rank() * count.
+  template <wire_type T>
+  void reduce_scatter(T const* send, T* recv, std::size_t count, reduce_op op) {
+    require_live();
+    check(ncclReduceScatter(send, recv, count, type_of<T>(), op_of(op), comm_, stream_), "ncclReduceScatter");
+  }
+
+  /// ncclCommSplit: the ranks that pass the same color, ranked by (key,
+  /// rank), on the same stream; owned by the result. Collective (blocking).
+  nccl_communicator split(int color, int key) {
+    require_live();
+    ncclComm_t out = nullptr;
+    check(ncclCommSplit(comm_, color, key, &out, nullptr), "ncclCommSplit");
+    nccl_communicator c(out, stream_);
+    c.owned_ = true;
+    return c;
+  }
+
+  /// The ranks on this host (by host name), ranked as here. Collective.
+  nccl_communicator split_node() {
+    char name[256] = {};
+    gethostname(name, sizeof name - 1);
+    std::uint32_t hash = 2166136261u;  // FNV-1a: a color per host name
+    for (char const* c = name; *c != '\0'; ++c) hash = (hash ^ static_cast<unsigned char>(*c)) * 16777619u;
+    return split(static_cast<int>(hash & 0x7fffffffu), rank_);
   }
 
   /// Throws (after aborting the communicator) if NCCL has recorded an
@@ -180,6 +211,7 @@ class nccl_communicator {
 };
 
 static_assert(collective<nccl_communicator>);
+static_assert(reduce_scattering<nccl_communicator> && splittable<nccl_communicator>);
 
 /// NCCL's buffers live on the device: an allreducer over NCCL runs its
 /// kernels on the communicator's stream unless given another space.

@@ -40,6 +40,13 @@ class single_rank {
   void all_gather(T const* send, T* recv, std::size_t count) {
     if (send != recv) space_.copy(recv, send, count * sizeof(T));
   }
+  /// recv = send.
+  template <wire_type T>
+  void reduce_scatter(T const* send, T* recv, std::size_t count, reduce_op) {
+    if (send != recv) space_.copy(recv, send, count * sizeof(T));
+  }
+  /// Itself: a group of one splits into itself.
+  single_rank split(int, int) const { return *this; }
   /// Nothing to send; root must be 0.
   template <wire_type T>
   void broadcast(T*, std::size_t, int root) {
@@ -57,5 +64,6 @@ Space default_space(single_rank<Space> const& world) {
 }
 
 static_assert(collective<single_rank<host_space>>);
+static_assert(reduce_scattering<single_rank<host_space>> && splittable<single_rank<host_space>>);
 
 }  // namespace gradcomp

@@ -48,6 +48,7 @@ inline constexpr std::uint32_t checkpoint_format = 1;
 enum class checkpoint_kind : std::uint32_t {
   allreducer = 1,  ///< One bucket's allreducer.
   reducer = 2,     ///< A model-level reducer: its buckets' checkpoints.
+  hierarchical = 3,  ///< One bucket's hierarchical_allreducer: its shard's checkpoint.
 };
 
 namespace detail {

@@ -113,7 +113,7 @@ class step_context {
   /// stays in memory and gates what follows.
   void agree_all_finite(char const* what) {
     what_ = what;
-    p_.collective.all_reduce(p_.status + detail::local_bad, p_.status + detail::veto, 1, reduce_op::sum);
+    detail::agree_sum(p_.collective, p_.status + detail::local_bad, p_.status + detail::veto);
     wire_bytes_ += sizeof(std::uint64_t);
     if constexpr (std::is_same_v<memory, host_memory>)
       if ((p_.policy == nonfinite_policy::raise && p_.status[detail::veto] != 0) ||

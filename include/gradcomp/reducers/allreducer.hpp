@@ -374,7 +374,7 @@ class allreducer {
     if (layout_.size() != 0) {  // (an empty bucket's step has no collective to take part in)
       std::uint64_t const words[2] = {detail::refusal, 0};
       space_.from_host(status_.data(), words, sizeof words);
-      collective_->all_reduce(status_.data(), status_.data() + detail::veto, 1, reduce_op::sum);
+      detail::agree_sum(*collective_, status_.data(), status_.data() + detail::veto);
     }
     throw invalid_argument("allreducer: the gradient has " + std::to_string(size) +
                            " elements but the bucket was set up for " + std::to_string(layout_.size()) +
