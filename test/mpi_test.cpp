@@ -3,6 +3,7 @@
 #include <gradcomp/collectives/mpi.hpp>
 
 #include <cstdio>
+#include <cstring>
 
 #include "common/model_reducer_suite.hpp"
 #include "common/powersgd_suite.hpp"
@@ -38,6 +39,29 @@ TEST_CASE("the MPI backend reduces every wire type across all ranks") {
   std::int8_t const mine = static_cast<std::int8_t>(comm.rank() * 3);
   comm.all_gather(&mine, all.data(), 1);
   for (int r = 0; r < n; ++r) CHECK(all[r] == r * 3);
+}
+
+TEST_CASE("hierarchical over MPI: nodes by override and by detection, bitwise the same on every rank") {
+  using namespace gradcomp;
+  mpi_communicator world;
+  int const n = world.size();
+  std::vector<float> block(100), mine(100 * n);
+  for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<float>(world.rank() * 1000 + i);
+  world.reduce_scatter(mine.data(), block.data(), 100, reduce_op::sum);
+  for (std::size_t i = 0; i < 100; ++i)  // sum over ranks r of (1000 r + 100 rank + i)
+    CHECK(block[i] == static_cast<float>(1000 * n * (n - 1) / 2 + n * (100 * world.rank() + i)));
+  for (int per_node : {2, 0}) {  // 0: detected (every rank of this run shares one node)
+    auto groups = split_nodes(world, per_node);
+    CHECK(groups.nodes() * groups.ranks_per_node() == n);
+    if (per_node == 0) CHECK(groups.nodes() == 1);
+    hierarchical_allreducer<thc<>, error_feedback::residual, mpi_communicator, host_space> h(
+        thc<>{.block = 256}, groups, bucket_layout(10007), host_space{});
+    auto g = gradcomp::testing::random_gradient(5, world.rank(), 10007);
+    h({g.data(), g.size()});
+    std::vector<float> all(g.size() * n);
+    world.all_gather(g.data(), all.data(), g.size());
+    for (int r = 1; r < n; ++r) CHECK(std::memcmp(all.data() + r * g.size(), all.data(), g.size() * 4) == 0);
+  }
 }
 
 TEST_CASE_TEMPLATE_INVOKE(fp32_mean, host_mpi);

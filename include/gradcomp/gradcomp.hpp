@@ -53,4 +53,5 @@
 #include <gradcomp/reducers/allreducer.hpp>
 #include <gradcomp/reducers/any_allreducer.hpp>
 #include <gradcomp/reducers/compressor_spec.hpp>
+#include <gradcomp/reducers/hierarchical.hpp>
 #include <gradcomp/reducers/model_reducer.hpp>

@@ -5,6 +5,7 @@
 
 #include <gradcomp/reducers/allreducer.hpp>
 #include <gradcomp/reducers/compressor_spec.hpp>
+#include <gradcomp/reducers/hierarchical.hpp>
 
 #include <memory>
 #include <string>
@@ -45,7 +46,39 @@ class any_allreducer {
     agree(collective, space, failure);
     impl_ = visit_compressor(spec, collective.size(), [&](auto c, auto ef) -> std::unique_ptr<base> {
       using reducer = allreducer<decltype(c), decltype(ef), Collective, default_aggregator_t<decltype(c)>, Space>;
-      return std::make_unique<model<reducer>>(c, collective, std::move(layout), space, options);
+      return std::make_unique<model<reducer>>(describe(c), c, collective, std::move(layout), space, options);
+    });
+  }
+
+  /// The compressor `spec` names, reduced in two levels over `groups`
+  /// (hierarchical_allreducer; its lanes are sized for groups.nodes()).
+  /// Collective over the world; a compressor that cannot be sharded
+  /// (PowerSGD, classic TopK) fails every rank with invalid_argument.
+  any_allreducer(compressor_spec const& spec, node_groups<Collective>& groups, bucket_layout layout, Space space,
+                 hierarchical_options options = {})
+      : spec_(spec) {
+    static_assert(std::is_same_v<Gradient, float>, "hierarchical reductions take fp32 gradients");
+    std::string failure;
+    try {
+      (void)visit_compressor(spec, groups.nodes(), [&](auto c, auto) {
+        if constexpr (!detail::shards_by_elements<decltype(c)>)
+          throw invalid_argument("any_allreducer: " + std::string(decltype(c)::name) +
+                                 " cannot be sharded across a node's ranks; run it flat, over the world");
+        return 0;
+      });
+    } catch (std::exception const& e) {
+      failure = e.what();
+    }
+    if (detail::world_max(groups.local, groups.cross, space, failure.empty() ? 0 : 1) != 0)
+      throw invalid_argument(failure.empty() ? "any_allreducer: another rank cannot use this compressor_spec" : failure);
+    impl_ = visit_compressor(spec, groups.nodes(), [&](auto c, auto ef) -> std::unique_ptr<base> {
+      using C = decltype(c);
+      if constexpr (detail::shards_by_elements<C>) {
+        using reducer = hierarchical_allreducer<C, decltype(ef), Collective, Space>;
+        return std::make_unique<model<reducer>>(describe(c), c, groups, std::move(layout), space, options);
+      } else {
+        return nullptr;  // (refused above)
+      }
     });
   }
 
@@ -94,12 +127,15 @@ class any_allreducer {
     virtual std::uint64_t fingerprint() const = 0;
   };
 
+  template <class C>
+  static std::string describe(C const&) {
+    return std::string(C::name) + lane_of<C>::suffix();
+  }
+
   template <class Reducer>
   struct model final : base {
-    template <class C>
-    model(C c, Collective& collective, bucket_layout layout, Space space, allreducer_options options)
-        : r(std::move(c), collective, std::move(layout), space, options),
-          text(std::string(C::name) + lane_of<C>::suffix()) {}
+    template <class... A>
+    explicit model(std::string description, A&&... a) : r(std::forward<A>(a)...), text(std::move(description)) {}
     void step(span<Gradient, memory> g) override { r(g); }
     void synchronize() override { r.synchronize(); }
     std::vector<std::byte> save() override { return r.save(); }

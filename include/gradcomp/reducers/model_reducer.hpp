@@ -45,6 +45,9 @@ struct model_reducer_options {
   /// reduced inside the mark_ready call that completes it. (On CUDA the
   /// reductions are enqueued on the collective's stream either way.)
   bool overlap = true;
+  /// Hierarchical reducers (built from node_groups): reduce-scatter inside the
+  /// node in bf16 rather than fp32.
+  bool bf16_within_node = false;
 };
 
 /// One bucket's reduction in the last step, in seconds from the step's first
@@ -88,20 +91,25 @@ class model_reducer {
         options_(std::move(options)),
         compute_(compute),
         space_(on_device ? default_space(collective) : compute) {
-    plan(shapes);
-    storage_ = buffer<Gradient, Space>(total_, space_);
-    space_.fill_zero(storage_.data(), total_ * sizeof(Gradient));
-    for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      bucket_layout layout;
-      for (std::size_t p : buckets_[b].params) layout.add(shapes[p]);
-      allreducer_options o = options_.reduce;
-      o.bucket = b;
-      reducers_.push_back(std::make_unique<any_allreducer<Collective, Space, Gradient>>(
-          buckets_[b].compressed ? options_.compressor : options_.small, collective, std::move(layout), space_, o));
-    }
-    ready_events_.resize(buckets_.size());
-    reset_step();
-    if (overlapping()) worker_ = std::thread([this] { progress(); });
+    build(shapes, [&](compressor_spec const& spec, bucket_layout layout, allreducer_options const& o) {
+      return std::make_unique<bucket_reducer>(spec, collective, std::move(layout), space_, o);
+    });
+  }
+
+  /// The same, every bucket reduced in two levels over `groups` (see
+  /// hierarchical_allreducer; `compressor` must be one that shards).
+  /// Collective over the world.
+  model_reducer(std::vector<shape> const& shapes, node_groups<Collective>& groups, model_reducer_options options = {},
+                Space compute = {})
+      : collective_(&groups.local),
+        groups_(&groups),
+        options_(std::move(options)),
+        compute_(compute),
+        space_(on_device ? default_space(groups.local) : compute) {
+    build(shapes, [&](compressor_spec const& spec, bucket_layout layout, allreducer_options const& o) {
+      return std::make_unique<bucket_reducer>(spec, groups, std::move(layout), space_,
+                                              hierarchical_options{o, options_.bf16_within_node});
+    });
   }
 
   model_reducer(model_reducer const&) = delete;
@@ -147,8 +155,26 @@ class model_reducer {
   /// `compute` after them.
   void finish() {
     if (overlapping()) {
+      // The backward pass is over: this thread reduces the buckets still
+      // queued itself (one at a time, in order, as the progress thread would)
+      // and waits for the one in flight by yielding rather than sleeping. A
+      // sleeping thread's wake-up costs a scheduler slice, which on a busy
+      // host is longer than what overlap saves.
       std::unique_lock lock(mutex_);
-      done_.wait(lock, [&] { return completed_ == next_launch_; });
+      while (completed_ != next_launch_) {
+        if (!running_ && !queue_.empty()) {
+          auto const job = take();
+          lock.unlock();
+          run(job.first, job.second);
+          lock.lock();
+          running_ = false;
+          wake_.notify_all();
+          continue;
+        }
+        lock.unlock();
+        std::this_thread::yield();
+        lock.lock();
+      }
     }
 #if GRADCOMP_HAS_CUDA
     if constexpr (on_device) {
@@ -224,14 +250,15 @@ class model_reducer {
       failure = e.what();
     }
     // One agreement for every bucket: who failed, and the step range.
-    std::uint64_t words[3] = {failure.empty() ? 0 : static_cast<std::uint64_t>(collective_->rank()) + 1,
+    std::uint64_t words[3] = {failure.empty() ? 0 : static_cast<std::uint64_t>(world_rank()) + 1,
                               failure.empty() ? steps : 0, failure.empty() ? ~steps : 0};
     buffer<std::uint64_t, Space> exchange(3, space_);
     space_.from_host(exchange.data(), words, sizeof words);
     collective_->all_reduce(exchange.data(), exchange.data(), 3, reduce_op::max);
+    if (groups_) groups_->cross.all_reduce(exchange.data(), exchange.data(), 3, reduce_op::max);  // over the world
     space_.to_host(words, exchange.data(), sizeof words);
     if (words[0] != 0)
-      throw checkpoint_error(!failure.empty() ? "rank " + std::to_string(collective_->rank()) +
+      throw checkpoint_error(!failure.empty() ? "rank " + std::to_string(world_rank()) +
                                                     " cannot restore its checkpoint (" + failure +
                                                     "); no rank restored anything"
                                               : "rank " + std::to_string(words[0] - 1) +
@@ -262,7 +289,31 @@ class model_reducer {
     bool compressed = false;
   };
 
+  using bucket_reducer = any_allreducer<Collective, Space, Gradient>;
+
   bool overlapping() const { return !on_device && options_.overlap; }
+
+  template <class Make>
+  void build(std::vector<shape> const& shapes, Make make) {
+    plan(shapes);
+    storage_ = buffer<Gradient, Space>(total_, space_);
+    space_.fill_zero(storage_.data(), total_ * sizeof(Gradient));
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      bucket_layout layout;
+      for (std::size_t p : buckets_[b].params) layout.add(shapes[p]);
+      allreducer_options o = options_.reduce;
+      o.bucket = b;
+      reducers_.push_back(make(buckets_[b].compressed ? options_.compressor : options_.small, std::move(layout), o));
+    }
+    ready_events_.resize(buckets_.size());
+    reset_step();
+    if (overlapping()) worker_ = std::thread([this] { progress(); });
+  }
+
+  int world_size() const { return groups_ ? groups_->nodes() * groups_->ranks_per_node() : collective_->size(); }
+  int world_rank() const {
+    return groups_ ? groups_->cross.rank() * groups_->ranks_per_node() + groups_->local.rank() : collective_->rank();
+  }
 
   void check_parameter(std::size_t p) const {
     GRADCOMP_EXPECTS(p < params_.size(), "model_reducer: parameter " + std::to_string(p) + " of " +
@@ -358,27 +409,37 @@ class model_reducer {
     ++completed_;
   }
 
+  // The next queued bucket, marked running (under the lock): one reduction
+  // at a time, so each rank's collectives stay in bucket order.
+  std::pair<std::size_t, double> take() {
+    auto const job = queue_.front();
+    queue_.pop_front();
+    running_ = true;
+    return job;
+  }
+
   void progress() {
     for (;;) {
       std::pair<std::size_t, double> job;
       {
         std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        wake_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !running_); });
         if (queue_.empty()) return;  // stopping, nothing left
-        job = queue_.front();
-        queue_.pop_front();
+        job = take();
       }
       run(job.first, job.second);
-      done_.notify_all();
+      std::lock_guard lock(mutex_);
+      running_ = false;
     }
   }
 
   detail::checkpoint_identity identity() const {
-    return {checkpoint_kind::reducer, fingerprint(), static_cast<std::uint32_t>(collective_->size()),
-            static_cast<std::uint32_t>(collective_->rank())};
+    return {checkpoint_kind::reducer, fingerprint(), static_cast<std::uint32_t>(world_size()),
+            static_cast<std::uint32_t>(world_rank())};
   }
 
-  Collective* collective_;
+  Collective* collective_;  // the world, or (hierarchical) this rank's node
+  node_groups<Collective>* groups_ = nullptr;
   model_reducer_options options_;
   Space compute_;
   Space space_;
@@ -386,7 +447,7 @@ class model_reducer {
   std::vector<bucket_plan> buckets_;
   std::size_t total_ = 0;
   buffer<Gradient, Space> storage_;
-  std::vector<std::unique_ptr<any_allreducer<Collective, Space, Gradient>>> reducers_;
+  std::vector<std::unique_ptr<bucket_reducer>> reducers_;
 
   // This step.
   std::vector<char> marked_;
@@ -397,9 +458,10 @@ class model_reducer {
 
   // Shared with the progress thread.
   mutable std::mutex mutex_;
-  std::condition_variable wake_, done_;
+  std::condition_variable wake_;
   std::deque<std::pair<std::size_t, double>> queue_;
   std::size_t completed_ = 0;
+  bool running_ = false;  // a bucket is being reduced (by either thread)
   bool stopping_ = false;
   std::exception_ptr error_;
   std::vector<bucket_event> timeline_, last_timeline_;
