@@ -34,6 +34,13 @@ class timed_collective {
     timed(count * sizeof(T), [&] { inner_.broadcast(buffer, count, root); });
   }
 
+  template <gradcomp::wire_type T>
+  void reduce_scatter(T const* send, T* recv, std::size_t count, gradcomp::reduce_op op)
+    requires gradcomp::reduce_scattering<Inner>
+  {
+    timed(count * sizeof(T) * size(), [&] { inner_.reduce_scatter(send, recv, count, op); });
+  }
+
   /// Seconds spent in collectives so far (readable from any thread while
   /// another calls collectives: a reducer's progress thread).
   double seconds() const { return seconds_.load(); }

@@ -50,6 +50,8 @@ char const* const flags = R"(usage: train [flags]
   --grad-dtype T       how gradients are stored and reduced: fp32 (default) or bf16 (local and mpi)
   --bucket-kb N        bucket cap in KiB, as DDP's bucket_cap_mb (256; the default model is about 2 MB)
   --min-compress N     buckets of fewer elements, and biases, travel as bf16 (4096)
+  --ranks-per-node N   hierarchical: nodes of N consecutive ranks, compressed across nodes only (0: flat)
+  --node-dtype T       hierarchical: reduce-scatter inside the node in fp32 (default) or bf16
   --checkpoint PATH    save the run (weights, momentum, reducer state) to PATH.rank<r> ...
   --checkpoint-every N ... every N steps
   --resume PATH        continue the run saved at PATH (same flags otherwise)
@@ -121,6 +123,13 @@ cli parse(int argc, char** argv) {
       c.o.bucket_kb = std::stoul(value());
     else if (flag == "--min-compress")
       c.o.min_compression = std::stoul(value());
+    else if (flag == "--ranks-per-node")
+      c.o.ranks_per_node = std::stoi(value());
+    else if (flag == "--node-dtype") {
+      std::string const t = value();
+      if (t != "fp32" && t != "bf16") usage("--node-dtype takes fp32 or bf16, not '" + t + "'");
+      c.o.bf16_within_node = t == "bf16";
+    }
     else if (flag == "--checkpoint")
       c.o.checkpoint = value();
     else if (flag == "--checkpoint-every")
@@ -193,10 +202,10 @@ void report(cli const& c, int ranks, train::result const& r) {
   std::string const to_target = r.time_to_target < 0 ? "not-reached" : std::to_string(r.time_to_target);
   std::string const steps_to = r.steps_to_target == 0 ? "not-reached" : std::to_string(r.steps_to_target);
   std::printf(
-      "summary: compressor=%s ranks=%d backend=%s overlap=%s grad_dtype=%s target=%.3f time_to_target_s=%s "
+      "summary: compressor=%s ranks=%d ranks_per_node=%d backend=%s overlap=%s grad_dtype=%s target=%.3f time_to_target_s=%s "
       "steps_to_target=%s final_accuracy=%.4f steps=%zu wire_bytes_per_step=%zu compress_share=%.3f "
       "exposed_share=%.3f weights=%016llx\n",
-      name.c_str(), ranks, c.backend.c_str(), c.o.overlap ? "on" : "off", c.o.grad_dtype.c_str(), c.o.target,
+      name.c_str(), ranks, c.o.ranks_per_node, c.backend.c_str(), c.o.overlap ? "on" : "off", c.o.grad_dtype.c_str(), c.o.target,
       to_target.c_str(), steps_to.c_str(), last.test_accuracy, last.step, r.wire_bytes_per_step,
       last.wall_s > 0 ? last.compress_s / last.wall_s : 0.0, last.wall_s > 0 ? last.exposed_s / last.wall_s : 0.0,
       static_cast<unsigned long long>(r.weights_hash));

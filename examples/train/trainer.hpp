@@ -20,6 +20,7 @@
 #include <optional>
 #include <random>
 #include <stdexcept>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,8 @@ struct options {
   std::string grad_dtype = "fp32";               ///< How gradients are stored: fp32 or bf16.
   std::size_t bucket_kb = 256;                   ///< Bucket cap (DDP's bucket_cap_mb; the MLP is about 2 MB).
   std::size_t min_compression = 4096;            ///< Smaller buckets and 1-D tensors travel as bf16.
+  int ranks_per_node = 0;                        ///< Hierarchical: nodes of this many ranks (0: flat).
+  bool bf16_within_node = false;                 ///< Hierarchical: reduce-scatter inside the node in bf16.
   std::string checkpoint;                        ///< Save here (one file per rank: PATH.rank<r>) ...
   std::size_t checkpoint_every = 0;              ///< ... every this many steps (0: never).
   std::string resume;                            ///< Resume from this checkpoint (PATH, as saved).
@@ -65,6 +68,7 @@ struct options {
     r.bucket_cap_bytes = bucket_kb << 10;
     r.first_bucket_cap_bytes = bucket_kb << 10;
     r.overlap = overlap;
+    r.bf16_within_node = bf16_within_node;
     r.reduce.warmup_steps = warmup;
     return r;
   }
@@ -146,34 +150,49 @@ inline std::vector<std::size_t> backward_order(gradcomp::bucket_layout const& la
 /// as G, timing its collectives.
 template <class Collective, gradcomp::gradient_element G>
 class host_reducer : public reducer {
+  using timed = timed_collective<Collective>;
+  using model_reducer = gradcomp::model_reducer<timed, gradcomp::host_space, G>;
+
  public:
   host_reducer(options const& o, Collective& comm, gradcomp::bucket_layout const& layout)
-      : layout_(layout), timed_(comm), reduce_(shapes(layout), timed_, o.reducer_options(),
-                                               gradcomp::host_space{.threads = 1}) {  // the ranks are the threads
+      : layout_(layout), timed_(comm) {
+    gradcomp::host_space const one{.threads = 1};  // the ranks are the threads
+    if (o.ranks_per_node > 0) {  // two levels: nodes of ranks_per_node ranks, rails across them
+      if constexpr (std::is_same_v<G, float>) {
+        nodes_ = std::make_unique<two_levels>(comm, o.ranks_per_node);
+        reduce_ = std::make_unique<model_reducer>(shapes(layout), nodes_->groups, o.reducer_options(), one);
+      } else {
+        throw std::invalid_argument("hierarchical reductions take fp32 gradients (--grad-dtype fp32)");
+      }
+    } else {
+      reduce_ = std::make_unique<model_reducer>(shapes(layout), timed_, o.reducer_options(), one);
+    }
     auto const order = backward_order(layout);
     parameter_of_.resize(order.size());
     for (std::size_t p = 0; p < order.size(); ++p) parameter_of_[order[p]] = p;
   }
   void ready(std::size_t tensor, float const* values) override {
     std::size_t const p = parameter_of_[tensor];
-    auto g = reduce_.gradient(p);
+    auto g = reduce_->gradient(p);
     for (std::size_t i = 0; i < g.size(); ++i) g[i] = G(values[i]);
-    reduce_.mark_ready(p);
+    reduce_->mark_ready(p);
   }
   void finish(float* gradient) override {
-    reduce_.finish();
-    for (auto const& e : reduce_.timeline()) busy_ += e.finished - e.started;
+    reduce_->finish();
+    for (auto const& e : reduce_->timeline()) busy_ += e.finished - e.started;
     for (std::size_t t = 0; t < layout_.tensors().size(); ++t) {
-      auto const g = reduce_.gradient(parameter_of_[t]);
+      auto const g = reduce_->gradient(parameter_of_[t]);
       float* out = gradient + layout_.tensors()[t].offset;
       for (std::size_t i = 0; i < g.size(); ++i) out[i] = static_cast<float>(g[i]);
     }
   }
-  std::size_t wire_bytes() const override { return reduce_.wire_bytes(); }
-  double comm_seconds() const override { return timed_.seconds(); }
+  std::size_t wire_bytes() const override { return reduce_->wire_bytes(); }
+  double comm_seconds() const override {
+    return timed_.seconds() + (nodes_ ? nodes_->groups.local.seconds() + nodes_->groups.cross.seconds() : 0.0);
+  }
   double reduction_seconds() const override { return busy_; }
-  std::vector<std::byte> save() override { return reduce_.save(); }
-  void restore(std::vector<std::byte> const& bytes) override { reduce_.restore({bytes.data(), bytes.size()}); }
+  std::vector<std::byte> save() override { return reduce_->save(); }
+  void restore(std::vector<std::byte> const& bytes) override { reduce_->restore({bytes.data(), bytes.size()}); }
 
  private:
   static std::vector<std::vector<std::size_t>> shapes(gradcomp::bucket_layout const& layout) {
@@ -182,9 +201,18 @@ class host_reducer : public reducer {
     return out;
   }
 
+  // The node and the rail this rank is in, each timed.
+  struct two_levels {
+    two_levels(Collective& world, int ranks_per_node)
+        : raw(gradcomp::split_nodes(world, ranks_per_node)), groups{timed(raw.local), timed(raw.cross)} {}
+    gradcomp::node_groups<Collective> raw;
+    gradcomp::node_groups<timed> groups;
+  };
+
   gradcomp::bucket_layout layout_;
-  timed_collective<Collective> timed_;
-  gradcomp::model_reducer<timed_collective<Collective>, gradcomp::host_space, G> reduce_;
+  timed timed_;
+  std::unique_ptr<two_levels> nodes_;
+  std::unique_ptr<model_reducer> reduce_;
   std::vector<std::size_t> parameter_of_;  // layout tensor -> the reducer's parameter
   double busy_ = 0;
 };
