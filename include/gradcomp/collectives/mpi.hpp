@@ -15,12 +15,14 @@
 #endif
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <type_traits>
 
 namespace gradcomp::inline GRADCOMP_ABI {
@@ -52,12 +54,26 @@ class mpi_communicator {
   /// The wrapped communicator.
   MPI_Comm native() const { return comm_; }
 
+  /// How a collective waits: 0 (the default) calls MPI's blocking
+  /// collective, which spins until it is done; a positive interval starts the
+  /// non-blocking one (MPI_Iallreduce and friends) and tests it every
+  /// `interval`, sleeping in between, so a thread that waits (a reducer's
+  /// progress thread) leaves the cores to the computation it overlaps.
+  void set_poll_interval(std::chrono::microseconds interval) { poll_ = interval; }
+  /// See set_poll_interval.
+  std::chrono::microseconds poll_interval() const { return poll_; }
+
   /// recv = op over ranks of send; send may equal recv.
   template <wire_type T>
   void all_reduce(T const* send, T* recv, std::size_t count, reduce_op op) {
     if (count == 0) return;
     void const* source = send == recv ? MPI_IN_PLACE : static_cast<void const*>(send);
-    check(MPI_Allreduce(source, recv, checked_count(count), datatype<T>(), operation<T>(op), comm_), "MPI_Allreduce");
+    int const n = checked_count(count);
+    if (poll_.count() == 0)
+      return check(MPI_Allreduce(source, recv, n, datatype<T>(), operation<T>(op), comm_), "MPI_Allreduce");
+    MPI_Request request;
+    check(MPI_Iallreduce(source, recv, n, datatype<T>(), operation<T>(op), comm_, &request), "MPI_Iallreduce");
+    wait(request, "MPI_Iallreduce");
   }
 
   /// recv[r * count + i] = send[i] of rank r.
@@ -66,14 +82,22 @@ class mpi_communicator {
     if (count == 0) return;
     void const* source = send == recv + count * rank_ ? MPI_IN_PLACE : static_cast<void const*>(send);
     int const n = checked_count(count);
-    check(MPI_Allgather(source, n, datatype<T>(), recv, n, datatype<T>(), comm_), "MPI_Allgather");
+    if (poll_.count() == 0)
+      return check(MPI_Allgather(source, n, datatype<T>(), recv, n, datatype<T>(), comm_), "MPI_Allgather");
+    MPI_Request request;
+    check(MPI_Iallgather(source, n, datatype<T>(), recv, n, datatype<T>(), comm_, &request), "MPI_Iallgather");
+    wait(request, "MPI_Iallgather");
   }
 
   /// buffer = root's buffer on every rank.
   template <wire_type T>
   void broadcast(T* buffer, std::size_t count, int root) {
     if (count == 0) return;
-    check(MPI_Bcast(buffer, checked_count(count), datatype<T>(), root, comm_), "MPI_Bcast");
+    int const n = checked_count(count);
+    if (poll_.count() == 0) return check(MPI_Bcast(buffer, n, datatype<T>(), root, comm_), "MPI_Bcast");
+    MPI_Request request;
+    check(MPI_Ibcast(buffer, n, datatype<T>(), root, comm_, &request), "MPI_Ibcast");
+    wait(request, "MPI_Ibcast");
   }
 
   /// recv = op over ranks of block rank() of send (size() blocks of count);
@@ -84,14 +108,20 @@ class mpi_communicator {
     if (count == 0) return;
     int const n = checked_count(count);
     std::size_t const mine = count * static_cast<std::size_t>(rank_);
-    if (send + mine != recv) {
-      check(MPI_Reduce_scatter_block(send, recv, n, datatype<T>(), operation<T>(op), comm_), "MPI_Reduce_scatter_block");
-      return;
+    bool const in_place = send + mine == recv;
+    T* whole = recv - mine;  // in place, MPI leaves the result in the buffer's first block
+    void const* source = in_place ? MPI_IN_PLACE : static_cast<void const*>(send);
+    T* target = in_place ? whole : recv;
+    if (poll_.count() == 0) {
+      check(MPI_Reduce_scatter_block(source, target, n, datatype<T>(), operation<T>(op), comm_),
+            "MPI_Reduce_scatter_block");
+    } else {
+      MPI_Request request;
+      check(MPI_Ireduce_scatter_block(source, target, n, datatype<T>(), operation<T>(op), comm_, &request),
+            "MPI_Ireduce_scatter_block");
+      wait(request, "MPI_Ireduce_scatter_block");
     }
-    T* whole = recv - mine;  // MPI's in-place form leaves the result in the buffer's first block
-    check(MPI_Reduce_scatter_block(MPI_IN_PLACE, whole, n, datatype<T>(), operation<T>(op), comm_),
-          "MPI_Reduce_scatter_block");
-    if (mine != 0) std::memmove(recv, whole, count * sizeof(T));
+    if (in_place && mine != 0) std::memmove(recv, whole, count * sizeof(T));
   }
 
   /// MPI_Comm_split: the ranks that pass the same color, ranked by (key,
@@ -184,8 +214,18 @@ class mpi_communicator {
     return op;
   }
 
+  void wait(MPI_Request& request, char const* call) const {
+    for (;;) {
+      int done = 0;
+      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), call);
+      if (done) return;
+      std::this_thread::sleep_for(poll_);
+    }
+  }
+
   mpi_communicator owning(MPI_Comm comm) const {
     mpi_communicator c(comm, cuda_aware_);
+    c.poll_ = poll_;
     c.owner_ = std::shared_ptr<void>(nullptr, [comm](void*) mutable {
       int finalized = 0;
       MPI_Finalized(&finalized);
@@ -197,6 +237,7 @@ class mpi_communicator {
   MPI_Comm comm_;
   bool cuda_aware_;
   std::shared_ptr<void> owner_;  // frees a communicator split() made
+  std::chrono::microseconds poll_{0};
   int rank_ = 0;
   int size_ = 1;
 };
