@@ -97,12 +97,13 @@ TEST_CASE("hierarchical equals flat within the compressor's error, bitwise the s
       std::vector<std::vector<float>> hier(world_size), flat(world_size);
       std::uint64_t seed = 0;
       local_group::run(world_size, [&](local_group::communicator& world) {
-        seed = shared_seed(world);
+        std::uint64_t const shared = shared_seed(world);
+        if (world.rank() == 0) seed = shared;  // (one writer: the ranks are threads)
         auto groups = split_nodes(world, per_node);
         hierarchical_allreducer<C, error_feedback::residual, local_group::communicator, host_space> h(
             c, groups, odd_layout(4), host_space{});
         host_reducer<C, error_feedback::residual, local_group::communicator> f(c, world, odd_layout(4), host_space{});
-        auto g = random_gradient(seed, world.rank(), d), g2 = g;
+        auto g = random_gradient(shared, world.rank(), d), g2 = g;
         h({g.data(), d});
         f({g2.data(), d});
         hier[world.rank()] = g;
@@ -132,12 +133,11 @@ TEST_CASE("hierarchical error feedback loses nothing over many steps") {
     std::size_t const d = 2000;
     std::vector<double> sent(d, 0.0), had(d, 0.0);
     std::vector<std::vector<float>> node_residual(nodes);
-    std::size_t shard = 0;
     local_group::run(world_size, [&](local_group::communicator& world) {
       auto groups = split_nodes(world, per_node);
       hierarchical_allreducer<C, error_feedback::residual, local_group::communicator, host_space> h(
           c, groups, bucket_layout(d), host_space{});
-      shard = h.shard_size();
+      std::size_t const shard = h.shard_size();
       for (int t = 0; t < steps; ++t) {
         auto g = random_gradient(500 + t, world.rank(), d);
         h({g.data(), d});

@@ -124,17 +124,14 @@ class rail_collective {
     cross_->check_async();
     local_->check_async();
   }
+  /// The execution space of a rail: its backend's.
+  friend auto default_space(rail_collective const& r) { return default_space(*r.cross_); }
 
  private:
   Collective* cross_;
   Collective* local_;
 };
 
-/// The execution space of a rail: its node's.
-template <class Collective>
-auto default_space(rail_collective<Collective> const&) {
-  return default_space(std::declval<Collective const&>());
-}
 
 /// Options of a hierarchical_allreducer.
 struct hierarchical_options {
@@ -204,11 +201,12 @@ class hierarchical_allreducer {
     std::size_t const d = layout_.size(), align = detail::shard_alignment(compressor);
     shard_ = (d + per_node - 1) / per_node;
     shard_ = (shard_ + align - 1) / align * align;
-    std::string failure;
+    std::string failure = d == 0 ? "hierarchical_allreducer: the bucket is empty" : "";
     std::int64_t const mine = static_cast<std::int64_t>(detail::hash_combine(d, compressor.fingerprint()) >> 1);
     // The node's ranks must agree before the rails exchange anything.
     if (detail::world_max(groups.local, groups.cross, space_, mine) !=
-        -detail::world_max(groups.local, groups.cross, space_, -mine))
+            -detail::world_max(groups.local, groups.cross, space_, -mine) &&
+        failure.empty())
       failure = "hierarchical_allreducer: ranks disagree on the bucket or the compressor";
     if (failure.empty()) {
       try {
