@@ -23,7 +23,7 @@ out=e2e-results
 rates="unshaped 10gbit 1gbit"
 target=0.85
 repeat=1
-overlap_modes=(on)
+overlap_modes=(auto)
 only=""
 extra=()
 while (($#)); do
