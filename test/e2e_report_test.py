@@ -65,5 +65,46 @@ class ReportTest(unittest.TestCase):
                     self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
 
 
+REPS = sorted(os.path.join(HERE, "data", "e2e-reps", f) for f in os.listdir(os.path.join(HERE, "data", "e2e-reps")))
+
+
+class RepetitionsTest(unittest.TestCase):
+    """Three recorded runs per configuration, with and without overlap."""
+
+    def lines(self):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert report.main(["--target", "0.85"] + REPS) == 0
+        return out.getvalue().splitlines()
+
+    def test_medians_ranges_and_speedup_within_a_variant(self):
+        lines = self.lines()
+        rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line for line in lines[2:6]}
+        cells = [c.strip() for c in rows[("1gbit", "topkc-10%~no-overlap")].strip("|").split("|")]
+        # The three runs reach 85% at 3.616, 3.717 and 3.439 s, all at step 275.
+        self.assertEqual(cells[2], "3.6 (3.4-3.7)")
+        # bf16~no-overlap (its own variant's baseline): median 8.339 s; 8.339 / 3.616 = 2.31.
+        self.assertEqual(cells[3], "2.31x")
+        self.assertEqual(cells[8], "3")
+        self.assertEqual(cells[9], "275")
+
+    def test_overlap_table_pairs_each_compressor(self):
+        lines = self.lines()
+        start = lines.index("") + 1
+        overlap = {c[1]: c for c in ([x.strip() for x in line.strip("|").split("|")] for line in lines[start + 2 :])}
+        self.assertEqual(set(overlap), {"bf16", "topkc-10%"})
+        self.assertEqual(overlap["topkc-10%"][2], "13.1")  # median ms/step without overlap
+        self.assertEqual(overlap["topkc-10%"][3], "16.1")
+        self.assertEqual(overlap["topkc-10%"][4], "+22.2%")
+
+    def test_a_configuration_not_always_reaching_the_target(self):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            report.main(["--target", "0.8525"] + REPS)  # bf16 ends at 0.8527, TopK-Chunked at 0.8521
+        cells = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line for line in out.getvalue().splitlines()[2:6]}
+        self.assertIn("| 1gbit | bf16 |", cells[("1gbit", "bf16")])
+        self.assertIn("not reached", cells[("1gbit", "topkc-10%")])
+
+
 if __name__ == "__main__":
     unittest.main()
