@@ -187,7 +187,8 @@ class hierarchical_allreducer {
   using memory = typename Space::memory;  ///< Where gradients live.
 
   /// The bucket `layout` over `groups` (see split_nodes), in the local
-  /// collective's default space.
+  /// collective's default space. `groups` is borrowed and must outlive the
+  /// allreducer.
   hierarchical_allreducer(Compressor compressor, node_groups<Collective>& groups, bucket_layout layout,
                           hierarchical_options options = {})
       : hierarchical_allreducer(std::move(compressor), groups, std::move(layout), default_space(groups.local),
