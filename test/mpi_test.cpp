@@ -64,6 +64,47 @@ TEST_CASE("hierarchical over MPI: nodes by override and by detection, bitwise th
   }
 }
 
+TEST_CASE("reduce-scatter over MPI: each rank's shard is the all-reduce path's slice, at half the bytes") {
+  using namespace gradcomp;
+  mpi_communicator world;
+  int const n = world.size();
+  // Integer lanes sum exactly: bitwise. MPI may add bf16 values in another
+  // order in a reduce-scatter than in an all-reduce: within a few roundings.
+  auto check = [&](auto c, bool exact) {
+    using C = decltype(c);
+    // (No error feedback: each step's payload is then this step's gradient,
+    // which bounds the rounding of a bf16 sum.)
+    reduce_scatterer<C, error_feedback::none, mpi_communicator, host_space> rs(c, world, bucket_layout(10007),
+                                                                              host_space{});
+    allreducer<C, error_feedback::none, mpi_communicator, allreduce_aggregator, host_space> ar(
+        c, world, rs.padded_layout(), host_space{});
+    for (int step = 0; step < 3; ++step) {
+      auto g = gradcomp::testing::random_gradient(7 + step, world.rank(), 10007);
+      auto reference = g;
+      reference.resize(rs.padded_layout().size(), 0.0f);
+      ar({reference.data(), reference.size()});
+      std::vector<float> shard(rs.shard_size(), -1.0f);
+      rs({g.data(), g.size()}, {shard.data(), shard.size()});
+      INFO(C::name << ", step " << step);
+      float const* slice = reference.data() + rs.shard_offset();
+      if (exact) {
+        CHECK(std::memcmp(shard.data(), slice, shard.size() * sizeof(float)) == 0);
+      } else {
+        std::vector<double> magnitude(shard.size(), 0.0);
+        for (int r = 0; r < n; ++r) {
+          auto const theirs = gradcomp::testing::random_gradient(7 + step, r, 10007);
+          for (std::size_t i = 0; i < shard.size(); ++i) magnitude[i] += std::abs(theirs[rs.shard_offset() + i]) / n;
+        }
+        for (std::size_t i = 0; i < shard.size(); ++i) CHECK(std::abs(shard[i] - slice[i]) <= 0x1.0p-6 * magnitude[i]);
+      }
+      CHECK(rs.wire_bytes() < ar.wire_bytes());
+    }
+  };
+  check(bf16{}, false);
+  check(thc<>{.block = 256}, true);
+  check(qsgd_maxnorm<>{.bits = 4}, true);
+}
+
 TEST_CASE_TEMPLATE_INVOKE(fp32_mean, host_mpi);
 TEST_CASE_TEMPLATE_INVOKE(cast_accuracy, host_mpi);
 TEST_CASE_TEMPLATE_INVOKE(aggregators_agree, host_mpi);

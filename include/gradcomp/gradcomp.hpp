@@ -55,3 +55,4 @@
 #include <gradcomp/reducers/compressor_spec.hpp>
 #include <gradcomp/reducers/hierarchical.hpp>
 #include <gradcomp/reducers/model_reducer.hpp>
+#include <gradcomp/reducers/reduce_scatterer.hpp>

@@ -151,6 +151,27 @@ TEST_CASE("the bf16 pipeline gives bitwise the host's result on the device") {
   for (int r = 0; r < 4; ++r) CHECK(host_out[r] == device_out[r]);
 }
 
+TEST_CASE("a bf16 reduce-scatter gives bitwise the host's shard on the device") {
+  using namespace gradcomp;
+  using namespace gradcomp::testing;
+  local_group::run(4, [&](local_group::communicator& comm) {
+    std::size_t const d = 100003;
+    auto const g = random_gradient(shared_seed(comm), comm.rank(), d);
+    reduce_scatterer<bf16, error_feedback::residual, local_group::communicator, host_space> on_host(
+        bf16{}, comm, bucket_layout(d), host_space{});
+    reduce_scatterer<bf16, error_feedback::residual, local_group::communicator, cuda_space> on_device(
+        bf16{}, comm, bucket_layout(d), cuda_space{});
+    auto h = g;
+    std::vector<float> host_shard(on_host.shard_size());
+    on_host({h.data(), d}, {host_shard.data(), host_shard.size()});
+    auto dg = upload(cuda_space{}, g);
+    buffer<float, cuda_space> device_shard(on_device.shard_size(), cuda_space{});
+    on_device(dg.view(), device_shard.view());
+    on_device.synchronize();
+    CHECK(download(cuda_space{}, device_shard.data(), device_shard.size()) == host_shard);
+  });
+}
+
 namespace {
 
 // Runs two steps of compressor c eagerly on one allreducer, and on another

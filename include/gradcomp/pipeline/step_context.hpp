@@ -3,6 +3,7 @@
 
 #include <gradcomp/algorithm/streams.hpp>
 #include <gradcomp/bucket_layout.hpp>
+#include <gradcomp/pipeline/aggregator.hpp>
 #include <gradcomp/collectives/collective.hpp>
 #include <gradcomp/execution.hpp>
 #include <gradcomp/execution/workspace.hpp>
@@ -15,6 +16,12 @@
 #include <type_traits>
 
 namespace gradcomp::inline GRADCOMP_ABI {
+
+/// A run of a bucket's elements: [first, first + count).
+struct element_range {
+  std::size_t first = 0;  ///< The first element.
+  std::size_t count = 0;  ///< How many.
+};
 
 /// Everything one step of a compressor sees: where to run, whom to talk to,
 /// the error-feedback view, the bucket, its workspace and resources, the
@@ -42,6 +49,10 @@ class step_context {
     std::uint64_t step;                   ///< Steps committed before this one.
     std::uint64_t bucket_seed;            ///< Seeds random streams whose compressor set no seed.
     nonfinite_policy policy;              ///< What bad values do.
+    /// A reduce-scatter step (reduce_scatterer): each rank needs the mean of
+    /// only its block of this many elements, block rank(). 0: an all-reduce
+    /// step, every rank needs every element.
+    std::size_t scatter_block = 0;
   };
 
   /// Assembled by the allreducer for each step.
@@ -73,8 +84,18 @@ class step_context {
   /// The compressor's resources for this space (see resources_t).
   Resources& resources() const { return p_.resources; }
   /// Bytes this step has put on the wire so far (all-reduce: message size;
-  /// all-gather: gathered size, which grows with the number of ranks).
+  /// reduce-scatter: half of it, as a ring all-reduce is a reduce-scatter and
+  /// an all-gather; all-gather: gathered size, which grows with the number of
+  /// ranks).
   std::size_t wire_bytes() const { return wire_bytes_; }
+
+  /// The elements whose mean this step must deliver: the whole bucket, or on
+  /// a reduce-scatter step this rank's block. A compressor may leave the
+  /// gradient's other elements as anything (finite or not).
+  element_range output_range() const {
+    if (p_.scatter_block == 0) return {0, p_.layout.size()};
+    return {p_.scatter_block * static_cast<std::size_t>(rank()), p_.scatter_block};
+  }
 
   /// data <- op over ranks of data.
   template <class T>
@@ -96,6 +117,26 @@ class step_context {
   template <class T>
   void aggregate(span<T, memory> payload, span<std::byte, memory> scratch) {
     Aggregator::sum(*this, payload, scratch);
+  }
+
+  /// payload <- its sum over ranks, for a payload aligned with the bucket
+  /// (payload[i] is element i's, over the whole bucket). On a reduce-scatter
+  /// step only output_range() of it is summed, by one reduce-scatter (half an
+  /// all-reduce's bytes, counted as such); the rest is left as anything.
+  template <class T>
+  void aggregate_elementwise(span<T, memory> payload, span<std::byte, memory> scratch) {
+    if constexpr (std::is_same_v<Aggregator, allreduce_aggregator> && reduce_scattering<Collective>) {
+      if (p_.scatter_block != 0) {
+        element_range const out = output_range();
+        GRADCOMP_EXPECTS(payload.size() == out.count * static_cast<std::size_t>(ranks()),
+                         "aggregate_elementwise: a reduce-scatter step needs a payload of one element per element of "
+                         "the bucket");
+        p_.collective.reduce_scatter(payload.data(), payload.data() + out.first, out.count, reduce_op::sum);
+        wire_bytes_ += payload.size_bytes() / 2;
+        return;
+      }
+    }
+    aggregate(payload, scratch);
   }
 
   /// @name The non-finite protocol (pipeline/nonfinite.hpp)

@@ -74,6 +74,9 @@ struct bucket_checkpoint {
   std::vector<std::byte> state;      ///< The compressor's state kept across steps.
 };
 
+template <class Compressor, class ErrorFeedback, class Collective, class Space, class Gradient>
+class reduce_scatterer;  // <gradcomp/reducers/reduce_scatterer.hpp>
+
 namespace detail {
 template <class T, class = void>
 inline constexpr bool is_complete = false;
@@ -129,49 +132,7 @@ class allreducer {
   /// @note Waits for the space: construction exchanges the configuration.
   allreducer(Compressor compressor, Collective& collective, bucket_layout layout, Space space,
              allreducer_options options = {})
-      : compressor_(std::move(compressor)),
-        collective_(&collective),
-        layout_(std::move(layout)),
-        space_(space),
-        options_(options),
-        bucket_seed_(options.seed.value_or(detail::mix64(layout_.fingerprint() ^ detail::mix64(options.bucket + 1)))),
-        status_(detail::status_words, space_),
-        channel_(space_) {
-    GRADCOMP_EXPECTS(collective.accepts(memory_kind_of<memory>),
-                     std::string("allreducer: this collective does not accept ") + memory::name +
-                         " memory (an MPI communicator must be declared CUDA-aware for device buffers)");
-    if constexpr (requires {
-                    collective.stream();
-                    space.stream;
-                  })
-      GRADCOMP_EXPECTS(collective.stream() == space.stream,
-                       "allreducer: the execution space's CUDA stream differs from the collective's; kernels and "
-                       "collectives must be ordered on one stream");
-    std::string failure;
-    try {
-      int const n = collective.size();
-      compressor_.validate(layout_, n);
-      workspace_carver<memory> measure;
-      compressor_.template carve<Aggregator>(measure, layout_, n);
-      std::size_t bytes = measure.bytes();
-      state_bytes_ = detail::state_bytes_of(compressor_, layout_, n);
-      GRADCOMP_EXPECTS(state_bytes_ <= bytes, "allreducer: the compressor's state_bytes exceed its workspace");
-      if (options_.warmup_steps > 0) {  // the fp32 mean's pieces, after the compressor's state
-        workspace_carver<memory> warm;
-        warmup_.template carve<allreduce_aggregator>(warm, layout_, n);
-        warmup_offset_ = detail::checked_round_up(state_bytes_, workspace_carver<memory>::alignment, "workspace");
-        bytes = std::max(bytes, detail::checked_add(warmup_offset_, warm.bytes(), "workspace"));
-      }
-      ef_.emplace(space_, layout_.size());
-      workspace_ = buffer<std::byte, Space>(bytes, space_);
-      space_.fill_zero(workspace_.data(), bytes);
-      resources_.emplace(space_);
-    } catch (std::exception const& e) {
-      failure = *e.what() != '\0' ? e.what() : "an exception without a message";
-    }
-    agree_on_configuration(failure);
-    space_.fill_zero(status_.data(), status_.size() * sizeof(std::uint64_t));
-  }
+      : allreducer(std::move(compressor), collective, std::move(layout), space, options, 0) {}
 
   /// Reduces `gradient` (layout().size() values) in place: on return (on
   /// the CUDA space, once the stream reaches this point) it holds the
@@ -327,6 +288,59 @@ class allreducer {
 
   using warmup_context = step_context<Space, Collective, allreduce_aggregator, error_feedback::none::ref, no_resources>;
 
+  template <class, class, class, class, class>
+  friend class reduce_scatterer;
+
+  // The steps of a reduce_scatterer when scatter_block > 0: each rank needs
+  // only its block of that many elements of the mean (step_context).
+  allreducer(Compressor compressor, Collective& collective, bucket_layout layout, Space space,
+             allreducer_options options, std::size_t scatter_block)
+      : compressor_(std::move(compressor)),
+        collective_(&collective),
+        layout_(std::move(layout)),
+        space_(space),
+        options_(options),
+        scatter_block_(scatter_block),
+        bucket_seed_(options.seed.value_or(detail::mix64(layout_.fingerprint() ^ detail::mix64(options.bucket + 1)))),
+        status_(detail::status_words, space_),
+        channel_(space_) {
+    GRADCOMP_EXPECTS(collective.accepts(memory_kind_of<memory>),
+                     std::string("allreducer: this collective does not accept ") + memory::name +
+                         " memory (an MPI communicator must be declared CUDA-aware for device buffers)");
+    if constexpr (requires {
+                    collective.stream();
+                    space.stream;
+                  })
+      GRADCOMP_EXPECTS(collective.stream() == space.stream,
+                       "allreducer: the execution space's CUDA stream differs from the collective's; kernels and "
+                       "collectives must be ordered on one stream");
+    std::string failure;
+    try {
+      int const n = collective.size();
+      compressor_.validate(layout_, n);
+      workspace_carver<memory> measure;
+      compressor_.template carve<Aggregator>(measure, layout_, n);
+      std::size_t bytes = measure.bytes();
+      state_bytes_ = detail::state_bytes_of(compressor_, layout_, n);
+      GRADCOMP_EXPECTS(state_bytes_ <= bytes, "allreducer: the compressor's state_bytes exceed its workspace");
+      if (options_.warmup_steps > 0) {  // the fp32 mean's pieces, after the compressor's state
+        workspace_carver<memory> warm;
+        warmup_.template carve<allreduce_aggregator>(warm, layout_, n);
+        warmup_offset_ = detail::checked_round_up(state_bytes_, workspace_carver<memory>::alignment, "workspace");
+        bytes = std::max(bytes, detail::checked_add(warmup_offset_, warm.bytes(), "workspace"));
+      }
+      ef_.emplace(space_, layout_.size());
+      workspace_ = buffer<std::byte, Space>(bytes, space_);
+      space_.fill_zero(workspace_.data(), bytes);
+      resources_.emplace(space_);
+    } catch (std::exception const& e) {
+      failure = *e.what() != '\0' ? e.what() : "an exception without a message";
+    }
+    agree_on_configuration(failure);
+    space_.fill_zero(status_.data(), status_.size() * sizeof(std::uint64_t));
+  }
+
+
   template <gradient_element G>
   void reduce(span<G, memory> gradient) {
     static_assert(requires(Compressor const& c, context& ctx) { c.step(ctx, gradient); },
@@ -348,13 +362,13 @@ class allreducer {
     if (warm) {  // the fp32 mean; the compressor's state and the residual stay zero
       warmup_context ctx({space_, *collective_, {}, layout_,
                           workspace_.view().subspan(warmup_offset_, workspace_.size() - warmup_offset_),
-                          status_.data(), no_resources_, step_, bucket_seed_, options_.nonfinite});
+                          status_.data(), no_resources_, step_, bucket_seed_, options_.nonfinite, scatter_block_});
       warmup_.step(ctx, gradient);
       wire_bytes_ = ctx.wire_bytes();
       what_ = ctx.what();
     } else {  // the compressor counts its own steps
       context ctx({space_, *collective_, ef_->view(), layout_, workspace_.view(), status_.data(), *resources_,
-                   step_ - options_.warmup_steps, bucket_seed_, options_.nonfinite});
+                   step_ - options_.warmup_steps, bucket_seed_, options_.nonfinite, scatter_block_});
       compressor_.step(ctx, gradient);
       wire_bytes_ = ctx.wire_bytes();
       what_ = ctx.what();
@@ -466,6 +480,7 @@ class allreducer {
     h = detail::hash(Aggregator::name, h);
     h = detail::hash_combine(h, static_cast<std::uint64_t>(options_.nonfinite));
     h = detail::hash_combine(h, options_.warmup_steps);
+    if (scatter_block_ != 0) h = detail::hash("reduce-scatter", detail::hash_combine(h, scatter_block_));
     return detail::hash_combine(h, bucket_seed_);
   }
 
@@ -480,6 +495,7 @@ class allreducer {
   bucket_layout layout_;
   Space space_;
   allreducer_options options_;
+  std::size_t scatter_block_ = 0;  // reduce_scatterer's steps: each rank's block
   std::uint64_t bucket_seed_;
   buffer<std::uint64_t, Space> status_;
   detail::verdict_channel<Space> channel_;

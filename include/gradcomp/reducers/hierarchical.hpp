@@ -16,6 +16,7 @@
 #pragma once
 
 #include <gradcomp/reducers/allreducer.hpp>
+#include <gradcomp/reducers/shards.hpp>
 
 #include <cstdint>
 #include <optional>
@@ -143,18 +144,6 @@ struct hierarchical_options {
 };
 
 namespace detail {
-template <class C>
-inline constexpr bool shards_by_elements = C::summable_payload && !requires { typename C::template resources<host_space>; };
-
-// Shards start on whole rotation blocks and chunks (and 64-element lines).
-template <class C>
-std::size_t shard_alignment(C const& c) {
-  std::size_t a = 64;
-  if constexpr (requires { c.block; }) a = std::max<std::size_t>(a, c.block);
-  if constexpr (requires { c.chunk_size; }) a = std::max<std::size_t>(a, c.chunk_size);
-  return a;
-}
-
 struct divide_by {
   float n;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, float x, float& out) const { out = x / n; }
@@ -199,9 +188,8 @@ class hierarchical_allreducer {
                           hierarchical_options options = {})
       : groups_(&groups), layout_(std::move(layout)), space_(space), options_(options), rail_(groups.cross, groups.local) {
     int const nodes = groups.nodes(), per_node = groups.ranks_per_node();
-    std::size_t const d = layout_.size(), align = detail::shard_alignment(compressor);
-    shard_ = (d + per_node - 1) / per_node;
-    shard_ = (shard_ + align - 1) / align * align;
+    std::size_t const d = layout_.size();
+    shard_ = detail::shard_elements(d, per_node, detail::shard_alignment(compressor));
     std::string failure = d == 0 ? "hierarchical_allreducer: the bucket is empty" : "";
     std::int64_t const mine = static_cast<std::int64_t>(detail::hash_combine(d, compressor.fingerprint()) >> 1);
     // The node's ranks must agree before the rails exchange anything.

@@ -101,8 +101,10 @@ struct cast {
     transform(ctx.space(), gradient.size(), inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.payload, ef.next()),
               detail::cast_encode<W>{detail::mean_codec<W>::inverse(ctx.ranks()), n, detail::mean_codec<W>::limit(ctx.ranks())}, {.count = ctx.bad_count()});
     ctx.agree_all_finite(detail::mean_codec<W>::out_of_range);
-    ctx.aggregate(ws.payload, ws.scratch);
-    transform(ctx.space(), gradient.size(), inputs(ws.payload), outputs(detail::gradient_stream(gradient)), detail::cast_decode<W>{},
+    ctx.aggregate_elementwise(ws.payload, ws.scratch);
+    auto const [first, count] = ctx.output_range();
+    transform(ctx.space(), count, inputs(ws.payload.subspan(first, count)),
+              outputs(detail::gradient_stream(gradient.subspan(first, count))), detail::cast_decode<W>{},
               {.when = ctx.output_gate()});
   }
 };

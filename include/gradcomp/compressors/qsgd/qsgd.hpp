@@ -130,8 +130,10 @@ struct qsgd_maxnorm {
     transform(ctx.space(), d,
               inputs(detail::gradient_stream(gradient), ef.previous(), rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
               outputs(ws.codes, ef.next()), detail::qsgd_encode<Lane>{ws.squared_norm.data(), s});
-    ctx.aggregate(ws.codes, ws.scratch);
-    transform(ctx.space(), d, inputs(ws.codes), outputs(detail::gradient_stream(gradient)),
+    ctx.aggregate_elementwise(ws.codes, ws.scratch);
+    auto const [first, count] = ctx.output_range();
+    transform(ctx.space(), count, inputs(ws.codes.subspan(first, count)),
+              outputs(detail::gradient_stream(gradient.subspan(first, count))),
               detail::qsgd_decode<Lane>{ws.squared_norm.data(), s, static_cast<double>(ctx.ranks())},
               {.when = ctx.output_gate()});
   }

@@ -231,8 +231,10 @@ struct qsgd_multiscale {
               inputs(detail::gradient_stream(gradient), ef.previous(), ws.index,
                      rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
               outputs(ws.codes, ef.next()), detail::multiscale_encode{factors, m.share});
-    ctx.aggregate(ws.codes, ws.scratch);
-    transform(space, d, inputs(ws.codes, ws.index), outputs(detail::gradient_stream(gradient)), detail::multiscale_decode{factors},
+    ctx.aggregate_elementwise(ws.codes, ws.scratch);
+    auto const [first, count] = ctx.output_range();
+    transform(space, count, inputs(ws.codes.subspan(first, count), ws.index.subspan(first, count)),
+              outputs(detail::gradient_stream(gradient.subspan(first, count))), detail::multiscale_decode{factors},
               {.when = ctx.output_gate()});
   }
 };

@@ -181,7 +181,7 @@ struct thc {
         ctx.random(seed, random_purpose::rounding, ctx.own_lane()),
         static_cast<float>(2.0 * clamp_value() / (static_cast<double>(top()) * ctx.ranks()))};
     detail::for_each_block(space, blocks, block, detail::thc_encode<Lane, EF, G>{p, gradient.data(), ef, ws.levels.data()});
-    ctx.aggregate(ws.levels, ws.scratch);
+    ctx.aggregate_elementwise(ws.levels, ws.scratch);  // (the decode still rotates every block)
     detail::for_each_block(space, blocks, block, detail::thc_decode<Lane, G>{p, ws.levels.data(), gradient.data()},
                            ctx.output_gate());
   }

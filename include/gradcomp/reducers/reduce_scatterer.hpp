@@ -1,0 +1,174 @@
+// Compressed reduce-scatter, for sharded optimizers (ZeRO, FSDP): each rank
+// receives only its shard of the mean.
+//
+// The bucket is cut into one shard per rank, in rank order, each a whole
+// number of THC rotation blocks and TopK-Chunked chunks; the last shards may
+// be short or empty, and zero padding fills the bucket up to whole shards (as
+// FSDP pads its flat parameters). A step is the all-reduce path's step on the
+// padded bucket, error feedback included, with one difference: a payload
+// aligned with the elements (the 16- and 32-bit casts, both QSGDs, THC's
+// levels) travels by one reduce-scatter instead of an all-reduce, half the
+// bytes, and the casts and QSGDs decode only the shard. Payloads that are
+// small already (TopK-Chunked's agreed chunks, GlobalRandK's values) and
+// IntSGD's (its running norm needs every summed code) are all-reduced as
+// before. Each rank's shard is that slice of the all-reduce path: bitwise
+// where the payload's lanes are integers, or the collective's reduce-scatter
+// adds floats in its all-reduce's order (local_group); MPI and NCCL may add a
+// 16-bit cast's values in another order (a rounding apart).
+#pragma once
+
+#include <gradcomp/reducers/allreducer.hpp>
+#include <gradcomp/reducers/shards.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gradcomp::inline GRADCOMP_ABI {
+
+/// Reduce-scatters one bucket through a compressor (see the top of this
+/// header): afterwards each rank holds the mean over ranks of its own shard.
+/// Owns the bucket's state, as allreducer does; construction is collective,
+/// and every rank throws together if any cannot use the configuration.
+///
+/// \tparam Compressor    a compressor whose payload sums element by element
+///                       and needs no tensor shapes (not PowerSGD, not
+///                       classic TopK: those refuse to compile).
+/// \tparam ErrorFeedback error_feedback::none or error_feedback::residual.
+/// \tparam Collective    a collective with reduce_scatter (every gradcomp
+///                       backend).
+/// \tparam Space         host_space, or cuda_space (the default for NCCL).
+/// \tparam Gradient      float, bfloat16 or half: how buckets are stored.
+template <class Compressor, class ErrorFeedback, class Collective = default_collective,
+          class Space = default_space_t<Collective>, class Gradient = float>
+class reduce_scatterer {
+  static_assert(detail::shards_by_elements<Compressor>,
+                "reduce_scatterer cuts buckets into shards of elements: the compressor's payload must be summable "
+                "and shape-free (PowerSGD and classic TopK cannot reduce-scatter: use allreducer)");
+  static_assert(reduce_scattering<Collective>,
+                "reduce_scatterer needs a collective with reduce_scatter (gradcomp::reduce_scattering)");
+  static_assert(gradient_element<Gradient>, "gradients are stored as float, bfloat16 or half");
+
+ public:
+  using memory = typename Space::memory;  ///< Where gradients live.
+
+  /// Sets up the bucket `layout` for this rank of `collective`, in the
+  /// collective's default space. The collective is borrowed and must outlive
+  /// the reduce_scatterer.
+  reduce_scatterer(Compressor compressor, Collective& collective, bucket_layout layout, allreducer_options options = {})
+      : reduce_scatterer(std::move(compressor), collective, std::move(layout), default_space(collective), options) {}
+
+  /// The same, running in `space`.
+  reduce_scatterer(Compressor compressor, Collective& collective, bucket_layout layout, Space space,
+                   allreducer_options options = {})
+      : ranks_(collective.size()),
+        rank_(collective.rank()),
+        layout_(std::move(layout)),
+        shard_(layout_.size() == 0
+                   ? 0
+                   : detail::shard_elements(layout_.size(), ranks_, detail::shard_alignment(compressor))),
+        padded_(padded(layout_, shard_ * static_cast<std::size_t>(ranks_))),
+        space_(space),
+        inner_(std::move(compressor), collective, padded_, space, options, shard_),
+        whole_(padded_.size() == layout_.size() ? 0 : padded_.size(), space) {}
+
+  /// Reduce-scatters `gradient`, this rank's whole bucket (layout().size()
+  /// values), which the step consumes: its contents afterwards are
+  /// unspecified. On return (on the CUDA space, once the stream gets there)
+  /// `shard` (shard_size() values) holds the mean over ranks of elements
+  /// [shard_offset(), shard_offset() + shard_size()). A step that any rank
+  /// found bad commits nothing on any rank, as allreducer's: on the host it
+  /// throws on every rank and writes no shard; on the CUDA space the next
+  /// call or synchronize() throws, and `shard` then holds this rank's own
+  /// values.
+  void operator()(span<Gradient, memory> gradient, span<Gradient, memory> shard) {
+    std::size_t const d = layout_.size(), padded = padded_.size();
+    bool const ok = gradient.size() == d && shard.size() == shard_size();
+    Gradient* whole = padded == d ? gradient.data() : whole_.data();
+    if (ok && padded != d) {
+      space_.copy(whole, gradient.data(), d * sizeof(Gradient));
+      space_.fill_zero(whole + d, (padded - d) * sizeof(Gradient));
+    }
+    try {
+      // A wrong size still takes part in the step, whose agreement then
+      // fails every rank instead of leaving peers waiting.
+      inner_(span<Gradient, memory>(whole, ok ? padded : padded + 1));
+    } catch (invalid_argument const&) {
+      if (ok) throw;
+      throw invalid_argument("reduce_scatterer: this rank passed a gradient of " + std::to_string(gradient.size()) +
+                             " elements and a shard of " + std::to_string(shard.size()) + "; the bucket has " +
+                             std::to_string(d) + " and this rank's shard " + std::to_string(shard_size()) +
+                             " (every rank skips this step)");
+    }
+    Gradient const* mine = whole + shard_offset();
+    if (!shard.empty() && shard.data() != mine) space_.copy(shard.data(), mine, shard.size_bytes());
+  }
+
+  /// Where rank `rank`'s shard starts in the bucket.
+  std::size_t shard_offset(int rank) const {
+    return std::min(layout_.size(), shard_ * static_cast<std::size_t>(rank));
+  }
+  /// How many elements rank `rank`'s shard holds (the last ones may hold
+  /// fewer than the others, or none).
+  std::size_t shard_size(int rank) const {
+    return std::min(layout_.size(), shard_ * static_cast<std::size_t>(rank + 1)) - shard_offset(rank);
+  }
+  /// Where this rank's shard starts.
+  std::size_t shard_offset() const { return shard_offset(rank_); }
+  /// How many elements this rank's shard holds.
+  std::size_t shard_size() const { return shard_size(rank_); }
+
+  /// Waits for every step enqueued so far (see allreducer::synchronize).
+  void synchronize() { inner_.synchronize(); }
+  /// Bytes the last step put on the wire, per rank (see step_context::wire_bytes).
+  std::size_t wire_bytes() const { return inner_.wire_bytes(); }
+  /// Steps committed, warm-up included.
+  std::uint64_t steps() const { return inner_.steps(); }
+  /// True while the next step sends the plain fp32 mean.
+  bool warming_up() const { return inner_.warming_up(); }
+  /// The bucket.
+  bucket_layout const& layout() const { return layout_; }
+  /// The bucket the compressor sees: layout() and, where shards need it, a
+  /// last tensor of zero padding.
+  bucket_layout const& padded_layout() const { return padded_; }
+  /// The compressor and its parameters.
+  Compressor const& compressor() const { return inner_.compressor(); }
+  /// The options.
+  allreducer_options const& options() const { return inner_.options(); }
+  /// The error-feedback residual of this rank's whole padded bucket.
+  auto residual() const
+    requires ErrorFeedback::enabled
+  {
+    return inner_.residual();
+  }
+  /// A hash of the configuration (the all-reduce path's, marked as a
+  /// reduce-scatter of these shards).
+  std::uint64_t fingerprint() const { return inner_.fingerprint(); }
+
+  /// @name Checkpoints: this rank's state, as allreducer's
+  /// @{
+  std::vector<std::byte> save() { return inner_.save(); }
+  bucket_checkpoint parse_checkpoint(span<std::byte const> bytes) const { return inner_.parse_checkpoint(bytes); }
+  void restore(bucket_checkpoint const& c) { inner_.restore(c); }
+  /// Collective: every rank restores, or none (see allreducer::restore).
+  void restore(span<std::byte const> bytes) { inner_.restore(bytes); }
+  /// @}
+
+ private:
+  static bucket_layout padded(bucket_layout layout, std::size_t elements) {
+    if (elements > layout.size()) layout.add({elements - layout.size()});
+    return layout;
+  }
+
+  int ranks_, rank_;
+  bucket_layout layout_;
+  std::size_t shard_;
+  bucket_layout padded_;
+  Space space_;
+  allreducer<Compressor, ErrorFeedback, Collective, allreduce_aggregator, Space> inner_;
+  buffer<Gradient, Space> whole_;  // the padded bucket, where the bucket needs padding
+};
+
+}  // namespace gradcomp

@@ -1,0 +1,36 @@
+// Buckets cut into equal shards, one per rank: what the hierarchical path and
+// the reduce-scatter path share.
+#pragma once
+
+#include <gradcomp/execution.hpp>
+#include <gradcomp/pipeline/compressor.hpp>
+
+#include <algorithm>
+#include <cstddef>
+
+namespace gradcomp::inline GRADCOMP_ABI::detail {
+
+/// True when a bucket of compressor C can be cut into shards of elements: its
+/// payload sums element by element and its step needs no shape (not PowerSGD,
+/// whose matrices a shard would cut, nor classic TopK, whose pairs do not sum).
+template <class C>
+inline constexpr bool shards_by_elements = C::summable_payload && !requires { typename C::template resources<host_space>; };
+
+/// Shards start on whole rotation blocks and chunks (and 64-element lines).
+template <class C>
+std::size_t shard_alignment(C const& c) {
+  std::size_t a = 64;
+  if constexpr (requires { c.block; }) a = std::max<std::size_t>(a, c.block);
+  if constexpr (requires { c.chunk_size; }) a = std::max<std::size_t>(a, c.chunk_size);
+  return a;
+}
+
+/// The elements of each of `parts` equal shards of a `d`-element bucket, each
+/// a multiple of `alignment`: parts x the result >= d (the rest is padding).
+inline std::size_t shard_elements(std::size_t d, int parts, std::size_t alignment) {
+  std::size_t const p = static_cast<std::size_t>(parts);
+  std::size_t const shard = (d + p - 1) / p;
+  return (shard + alignment - 1) / alignment * alignment;
+}
+
+}  // namespace gradcomp::inline GRADCOMP_ABI::detail
