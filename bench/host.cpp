@@ -1,5 +1,6 @@
 // Host benchmarks of every compressor's local work (encode + decode, no
-// communication: one rank), beside a plain copy of the same gradient.
+// communication: one rank), beside a plain copy of the same gradient; then
+// all-reduce against reduce-scatter on four in-process ranks.
 //
 //   gradcomp_bench [--benchmark_filter=...]
 #include "common/bandwidth.hpp"
@@ -8,7 +9,12 @@
 
 #include <gradcomp/gradcomp.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <string>
+#include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -61,6 +67,51 @@ void step(benchmark::State& state, Compressor compressor, bucket_layout const& l
                 compressor.template wire_bytes<default_aggregator_t<Compressor>>(reduce.layout(), 4), total);
 }
 
+// One step on four in-process ranks (threads sharing this machine's cores):
+// the all-reduce path, or the reduce-scatter a sharded optimizer needs, of the
+// same bucket. Rank 0 times its steps; wire bytes are per rank, as
+// step_context counts them (a reduce-scatter is half an all-reduce).
+template <class Compressor, bool Scatter>
+void four_ranks(benchmark::State& state, Compressor compressor) {
+  std::size_t const d = static_cast<std::size_t>(state.range(0));
+  host_space const space{};
+  double const copy_seconds = bench::host_copy_seconds(space, d);
+  auto const steps = static_cast<std::size_t>(state.max_iterations);
+  double total = 0;
+  std::size_t wire = 0;
+  local_group::run(4, [&](local_group::communicator& world) {
+    using EF = error_feedback::residual;
+    using reducer = std::conditional_t<Scatter, reduce_scatterer<Compressor, EF, local_group::communicator, host_space>,
+                                       allreducer<Compressor, EF, local_group::communicator, allreduce_aggregator, host_space>>;
+    reducer reduce(compressor, world, bucket_layout(d), space);
+    std::vector<float> const g = bench::random_gradient(d, 42 + static_cast<unsigned>(world.rank()));
+    std::vector<float> gradient(d), shard(d);
+    auto run_step = [&] {
+      std::copy(g.begin(), g.end(), gradient.begin());
+      std::uint64_t together[1] = {0};  // every rank starts the step at once
+      world.all_reduce(together, together, 1, reduce_op::sum);
+      auto const start = std::chrono::steady_clock::now();
+      if constexpr (Scatter)
+        reduce(span<float>(gradient.data(), d), span<float>(shard.data(), reduce.shard_size()));
+      else
+        reduce(span<float>(gradient.data(), d));
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
+    run_step();  // first touch
+    if (world.rank() == 0) {
+      for (auto _ : state) {
+        double const seconds = run_step();
+        state.SetIterationTime(seconds);
+        total += seconds;
+      }
+      wire = reduce.wire_bytes();
+    } else {
+      for (std::size_t i = 0; i < steps; ++i) run_step();
+    }
+  });
+  bench::report(state, d, copy_seconds, wire, total);
+}
+
 void sizes(benchmark::internal::Benchmark* b) {
   for (std::int64_t d : {1 << 20, 1 << 24, 1 << 26}) b->Arg(d);
   b->Unit(benchmark::kMillisecond)->UseManualTime();
@@ -93,6 +144,19 @@ int main(int argc, char** argv) {
   using namespace gradcomp;
   benchmark::RegisterBenchmark("host/copy", copy)->Apply(sizes);
   bench::register_compressor_rows<registrar>("host");
+  auto both = [](std::string const& name, auto compressor) {
+    using C = decltype(compressor);
+    for (bool scatter : {false, true}) {
+      std::string const row = std::string("host4/") + (scatter ? "reduce-scatter/" : "all-reduce/") + name;
+      auto* b = scatter ? benchmark::RegisterBenchmark(row.c_str(), four_ranks<C, true>, compressor)
+                        : benchmark::RegisterBenchmark(row.c_str(), four_ranks<C, false>, compressor);
+      b->Arg(1 << 22)->Iterations(20)->Repetitions(5)->Unit(benchmark::kMillisecond)->UseManualTime();
+    }
+  };
+  both("bf16", bf16{});
+  both("thc4-B1024", thc<>{.block = 1024, .bits = 4});
+  both("qsgd-ms6+10", qsgd_multiscale{});
+  both("topkc@1%", topk_chunked<>{.fraction = 0.01});
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
