@@ -241,6 +241,44 @@ TEST_CASE("a step captures into a CUDA Graph and replays with the same result") 
 
 // 16-bit gradients on the device: the widened streams and THC's 16-bit
 // loads give the fp32 bucket's result rounded once, with the same residual.
+// A reduce-scatter step, padding included (the bucket is not a whole number
+// of THC blocks), captures too: its copies and the reduce-scatter are all
+// enqueued on the stream.
+TEST_CASE("a reduce-scatter step captures into a CUDA Graph and replays with the same shard") {
+  using namespace gradcomp;
+  using namespace gradcomp::testing;
+  cudaStream_t stream = nullptr;
+  GRADCOMP_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    cuda_space const space{stream};
+    single_rank<cuda_space> world(space);
+    std::size_t const d = 300001;
+    using scatterer = reduce_scatterer<thc<>, error_feedback::residual, single_rank<cuda_space>>;
+    scatterer eager(thc<>{}, world, bucket_layout(d), space), captured(thc<>{}, world, bucket_layout(d), space);
+    REQUIRE(eager.padded_layout().size() > d);
+    auto const first = random_gradient(21, 0, d), second = random_gradient(22, 0, d);
+    auto e1 = upload(space, first), e2 = upload(space, second), c1 = upload(space, first), c2 = upload(space, second);
+    buffer<float, cuda_space> es(eager.shard_size(), space), cs(captured.shard_size(), space);
+    eager(e1.view(), es.view());
+    eager(e2.view(), es.view());
+    eager.synchronize();
+    captured(c1.view(), cs.view());
+    captured.synchronize();
+    cudaGraph_t graph = nullptr;
+    GRADCOMP_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    captured(c2.view(), cs.view());
+    GRADCOMP_CUDA_TRY(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec = nullptr;
+    GRADCOMP_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+    GRADCOMP_CUDA_TRY(cudaGraphLaunch(exec, stream));
+    CHECK_NOTHROW(captured.synchronize());
+    CHECK(download(space, es.data(), es.size()) == download(space, cs.data(), cs.size()));
+    GRADCOMP_CUDA_TRY(cudaGraphExecDestroy(exec));
+    GRADCOMP_CUDA_TRY(cudaGraphDestroy(graph));
+  }
+  GRADCOMP_CUDA_TRY(cudaStreamDestroy(stream));
+}
+
 TEST_CASE("16-bit gradients on the device: the fp32 result rounded once, the same residual") {
   using namespace gradcomp;
   using namespace gradcomp::testing;
