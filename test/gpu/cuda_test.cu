@@ -279,48 +279,25 @@ TEST_CASE("a reduce-scatter step captures into a CUDA Graph and replays with the
   GRADCOMP_CUDA_TRY(cudaStreamDestroy(stream));
 }
 
-TEST_CASE("16-bit gradients on the device: the fp32 result rounded once, the same residual") {
+namespace {
+
+// Reduces the same values stored as G and as fp32 on the device, step after
+// step: the 16-bit bucket must end as the fp32 one rounded once, with the
+// same residual.
+template <class G, class C>
+void check_16bit_on_device(C const& c, gradcomp::bucket_layout const& layout, int steps, std::uint64_t seed) {
   using namespace gradcomp;
   using namespace gradcomp::testing;
-  for_each_compressor([](auto c, double) {
-    using C = decltype(c);
-    using reducer = allreducer<C, error_feedback::residual, single_rank<cuda_space>>;
-    cuda_space const space{};
-    single_rank<cuda_space> world(space);
-    bucket_layout const layout = odd_layout(40);  // (THC's register kernels need blocks of 256 and more: below)
-    std::size_t const d = layout.size();
-    reducer wide(c, world, layout, space), narrow(c, world, layout, space);
-    for (int step = 0; step < 3; ++step) {
-      auto const drawn = random_gradient(90 + step, 0, d);
-      std::vector<bfloat16> g16(d);
-      std::vector<float> g32(d);
-      for (std::size_t i = 0; i < d; ++i) g16[i] = bfloat16(drawn[i]), g32[i] = static_cast<float>(g16[i]);
-      auto x = upload(space, g32);
-      auto y = upload(space, g16);
-      wide(x.view());
-      narrow(y.view());
-      auto const a = download(space, x.data(), d);
-      auto const b = download(space, y.data(), d);
-      std::size_t wrong = 0;
-      for (std::size_t i = 0; i < d; ++i) wrong += bfloat16(a[i]).bits == b[i].bits ? 0 : 1;
-      INFO(std::string(C::name) << ", step " << step);
-      CHECK(wrong == 0);
-      auto const ra = download(space, wide.residual().data(), d), rb = download(space, narrow.residual().data(), d);
-      CHECK(std::memcmp(ra.data(), rb.data(), d * sizeof(float)) == 0);
-    }
-  });
-  // THC's register kernels (blocks of 256 to 4096) load and store 16-bit gradients eight at a time.
-  for (std::size_t block : {256u, 1024u, 4096u}) {
-    using reducer = allreducer<thc<>, error_feedback::residual, single_rank<cuda_space>>;
-    cuda_space const space{};
-    single_rank<cuda_space> world(space);
-    bucket_layout const layout(3 * block + 77);
-    std::size_t const d = layout.size();
-    reducer wide(thc<>{.block = block}, world, layout, space), narrow(thc<>{.block = block}, world, layout, space);
-    auto const drawn = random_gradient(7, 0, d);
-    std::vector<gradcomp::half> g16(d);
+  using reducer = allreducer<C, error_feedback::residual, single_rank<cuda_space>>;
+  cuda_space const space{};
+  single_rank<cuda_space> world(space);
+  std::size_t const d = layout.size();
+  reducer wide(c, world, layout, space), narrow(c, world, layout, space);
+  for (int step = 0; step < steps; ++step) {
+    auto const drawn = random_gradient(seed + step, 0, d);
+    std::vector<G> g16(d);
     std::vector<float> g32(d);
-    for (std::size_t i = 0; i < d; ++i) g16[i] = gradcomp::half(drawn[i]), g32[i] = static_cast<float>(g16[i]);
+    for (std::size_t i = 0; i < d; ++i) g16[i] = G(drawn[i]), g32[i] = static_cast<float>(g16[i]);
     auto x = upload(space, g32);
     auto y = upload(space, g16);
     wide(x.view());
@@ -328,10 +305,24 @@ TEST_CASE("16-bit gradients on the device: the fp32 result rounded once, the sam
     auto const a = download(space, x.data(), d);
     auto const b = download(space, y.data(), d);
     std::size_t wrong = 0;
-    for (std::size_t i = 0; i < d; ++i) wrong += gradcomp::half(a[i]).bits == b[i].bits ? 0 : 1;
-    INFO("thc, block " << block);
+    for (std::size_t i = 0; i < d; ++i) wrong += G(a[i]).bits == b[i].bits ? 0 : 1;
+    INFO(std::string(C::name) << ", " << d << " elements, step " << step);
     CHECK(wrong == 0);
+    auto const ra = download(space, wide.residual().data(), d), rb = download(space, narrow.residual().data(), d);
+    CHECK(std::memcmp(ra.data(), rb.data(), d * sizeof(float)) == 0);
   }
+}
+
+}  // namespace
+
+TEST_CASE("16-bit gradients on the device: the fp32 result rounded once, the same residual") {
+  using namespace gradcomp;
+  using namespace gradcomp::testing;
+  // (THC's register kernels need blocks of 256 and more: below.)
+  for_each_compressor([](auto c, double) { check_16bit_on_device<bfloat16>(c, odd_layout(40), 3, 90); });
+  // THC's register kernels (blocks of 256 to 4096) load and store 16-bit gradients eight at a time.
+  for (std::size_t block : {256u, 1024u, 4096u})
+    check_16bit_on_device<gradcomp::half>(thc<>{.block = block}, bucket_layout(3 * block + 77), 1, 7);
 }
 
 // A run saved on the device and restored into new allreducers continues
