@@ -3,10 +3,10 @@
 
 #include <gradcomp/algorithm/streams.hpp>
 #include <gradcomp/bucket_layout.hpp>
-#include <gradcomp/pipeline/aggregator.hpp>
 #include <gradcomp/collectives/collective.hpp>
 #include <gradcomp/execution.hpp>
 #include <gradcomp/execution/workspace.hpp>
+#include <gradcomp/pipeline/aggregator.hpp>
 #include <gradcomp/pipeline/nonfinite.hpp>
 #include <gradcomp/random.hpp>
 

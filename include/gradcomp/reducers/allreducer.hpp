@@ -340,7 +340,6 @@ class allreducer {
     space_.fill_zero(status_.data(), status_.size() * sizeof(std::uint64_t));
   }
 
-
   template <gradient_element G>
   void reduce(span<G, memory> gradient) {
     static_assert(requires(Compressor const& c, context& ctx) { c.step(ctx, gradient); },

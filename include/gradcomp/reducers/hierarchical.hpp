@@ -226,11 +226,7 @@ class hierarchical_allreducer {
     bool const ok = gradient.size() == d;
     // A wrong size still takes part in the step (with the old contents), so the
     // rail's agreement fails every rank instead of leaving peers waiting.
-    float const* send = ok && padded == d ? gradient.data() : whole_.data();
-    if (ok && padded != d) {
-      space_.copy(whole_.data(), gradient.data(), d * sizeof(float));
-      space_.fill_zero(whole_.data() + d, (padded - d) * sizeof(float));
-    }
+    float const* send = ok ? detail::padded_bucket(space_, gradient, whole_.data(), padded) : whole_.data();
     if (options_.bf16_within_node) {
       bfloat16* wide = narrow_.data() + shard_;
       transform(space_, padded, inputs(send), outputs(wide), detail::to_bf16{});

@@ -86,11 +86,7 @@ class reduce_scatterer {
   void operator()(span<Gradient, memory> gradient, span<Gradient, memory> shard) {
     std::size_t const d = layout_.size(), padded = padded_.size();
     bool const ok = gradient.size() == d && shard.size() == shard_size();
-    Gradient* whole = padded == d ? gradient.data() : whole_.data();
-    if (ok && padded != d) {
-      space_.copy(whole, gradient.data(), d * sizeof(Gradient));
-      space_.fill_zero(whole + d, (padded - d) * sizeof(Gradient));
-    }
+    Gradient* whole = ok ? detail::padded_bucket(space_, gradient, whole_.data(), padded) : gradient.data();
     try {
       // A wrong size still takes part in the step, whose agreement then
       // fails every rank instead of leaving peers waiting.

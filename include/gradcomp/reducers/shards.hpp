@@ -33,4 +33,14 @@ inline std::size_t shard_elements(std::size_t d, int parts, std::size_t alignmen
   return (shard + alignment - 1) / alignment * alignment;
 }
 
+/// The bucket a step on `padded` elements reads: `gradient` itself where it
+/// needs no padding, else its copy in `room`, followed by zeros.
+template <class Space, class T>
+T* padded_bucket(Space const& space, span<T, typename Space::memory> gradient, T* room, std::size_t padded) {
+  if (gradient.size() == padded) return gradient.data();
+  space.copy(room, gradient.data(), gradient.size_bytes());
+  space.fill_zero(room + gradient.size(), (padded - gradient.size()) * sizeof(T));
+  return room;
+}
+
 }  // namespace gradcomp::inline GRADCOMP_ABI::detail
