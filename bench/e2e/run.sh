@@ -40,49 +40,14 @@ while (($#)); do
   esac
 done
 
-# What each run compares: the baselines, and the compressors at sensible settings.
-compressors=(
-  "fp32|--compressor fp32"
-  "bf16|--compressor bf16"
-  "topkc-10%|--compressor topkc --ratio 0.1 --chunk 256"
-  "topk-1%|--compressor topk --ratio 0.01"
-  "powersgd-r4|--compressor powersgd --rank 4"
-  "thc-4bit|--compressor thc --bits 4 --block 1024"
-  # QSGD-MaxNorm at 4 bits is too noisy for error feedback: unbiased, without it.
-  "qsgd-4bit|--compressor qsgd --bits 4 --ef off"
-  "qsgd-ms|--compressor qsgd-ms"
-  "intsgd|--compressor intsgd"
-  # Random-k with error feedback diverges under momentum 0.9 (a coordinate
-  # waits d/k steps, then lands with its whole backlog): plain SGD for it.
-  "randk-50k-sgd|--compressor randk --k 50000 --bits 10 --momentum 0"
-)
-
-if [ "$(id -u)" -ne 0 ]; then
-  echo "$0: needs root to create a network namespace and shape it with tc; run it with sudo" >&2
-  exit 1
-fi
-for tool in ip tc mpiexec gnuplot python3; do
-  command -v "$tool" >/dev/null || { echo "$0: $tool is missing (bash .ci/install-deps installs it)" >&2; exit 1; }
-done
-
-train=build/examples/train
-if [ ! -x "$train" ]; then
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build build --target train
-fi
+source bench/e2e/common.sh
+check_names "$only"
+prepare ip tc mpiexec gnuplot python3
 
 ns=gradcomp-e2e-$$
 ip netns add "$ns"
 trap 'ip netns del "$ns" 2>/dev/null || true' EXIT
 ip netns exec "$ns" ip link set lo up
-
-burst_of() {  # a token bucket must hold a tick's worth of bytes at its rate
-  case $1 in
-    *gbit) echo "$((${1%gbit} * 512))kb" ;;
-    *mbit) echo "$((${1%mbit} / 2 + 64))kb" ;;
-    *) echo 256kb ;;
-  esac
-}
 
 mkdir -p "$out"
 rm -f "$out"/*.csv
@@ -94,7 +59,7 @@ for rate in $rates; do
   for entry in "${compressors[@]}"; do
     name=${entry%%|*}
     flags=${entry#*|}
-    if [ -n "$only" ] && [[ " $only " != *" $name "* ]]; then continue; fi
+    selected "$name" "$only" || continue
     for overlap in "${overlap_modes[@]}"; do
       label=$name
       [ "$overlap" = off ] && label="$name~no-overlap"

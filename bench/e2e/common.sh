@@ -1,0 +1,58 @@
+# shellcheck shell=bash
+# Shared by run.sh and two_nodes.sh: the compressors they compare, the token
+# bucket's size for a rate, and the checks and build before a run.
+
+# What each run compares: the baselines, and the compressors at sensible settings.
+compressors=(
+  "fp32|--compressor fp32"
+  "bf16|--compressor bf16"
+  "topkc-10%|--compressor topkc --ratio 0.1 --chunk 256"
+  "topk-1%|--compressor topk --ratio 0.01"
+  "powersgd-r4|--compressor powersgd --rank 4"
+  "thc-4bit|--compressor thc --bits 4 --block 1024"
+  # QSGD-MaxNorm at 4 bits is too noisy for error feedback: unbiased, without it.
+  "qsgd-4bit|--compressor qsgd --bits 4 --ef off"
+  "qsgd-ms|--compressor qsgd-ms"
+  "intsgd|--compressor intsgd"
+  # Random-k with error feedback diverges under momentum 0.9 (a coordinate
+  # waits d/k steps, then lands with its whole backlog): plain SGD for it.
+  "randk-50k-sgd|--compressor randk --k 50000 --bits 10 --momentum 0"
+)
+
+# True when NAME is in the space-separated list ONLY, or ONLY is empty.
+selected() { [ -z "$2" ] || [[ " $2 " == *" $1 "* ]]; }
+
+# Fails unless every name in the list is one of the compressors above.
+check_names() {
+  local name entry known
+  for name in $1; do
+    known=0
+    for entry in "${compressors[@]}"; do [ "${entry%%|*}" = "$name" ] && known=1; done
+    ((known)) || { echo "$0: unknown compressor '$name' (bench/e2e/common.sh lists them)" >&2; exit 2; }
+  done
+}
+
+burst_of() {  # a token bucket must hold a tick's worth of bytes at its rate
+  case $1 in
+    *gbit) echo "$((${1%gbit} * 512))kb" ;;
+    *mbit) echo "$((${1%mbit} / 2 + 64))kb" ;;
+    *) echo 256kb ;;
+  esac
+}
+
+# Root (namespaces, tc) and the tools named; then the trainer, built if missing.
+prepare() {
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "$0: needs root to create network namespaces and shape them with tc; run it with sudo" >&2
+    exit 1
+  fi
+  local tool
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null || { echo "$0: $tool is missing (bash .ci/install-deps installs it)" >&2; exit 1; }
+  done
+  train=$PWD/build/examples/train
+  if [ ! -x "$train" ]; then
+    cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build build --target train
+  fi
+}

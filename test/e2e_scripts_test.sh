@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The time-to-accuracy scripts, without root or a run: they parse, their
+# shared helpers answer as the runs rely on, and every compressor name the
+# README's commands pass to --only is one the scripts know.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+failures=0
+expect() {  # expect DESCRIPTION ACTUAL WANTED
+  if [ "$2" != "$3" ]; then
+    echo "FAIL: $1: got '$2', want '$3'"
+    failures=$((failures + 1))
+  fi
+}
+
+for script in bench/e2e/run.sh bench/e2e/two_nodes.sh bench/e2e/common.sh; do
+  bash -n "$script" || { echo "FAIL: $script does not parse"; failures=$((failures + 1)); }
+done
+
+# shellcheck source=bench/e2e/common.sh
+source bench/e2e/common.sh
+expect "burst at 1gbit" "$(burst_of 1gbit)" 512kb
+expect "burst at 10gbit" "$(burst_of 10gbit)" 5120kb
+expect "burst at 100mbit" "$(burst_of 100mbit)" 114kb
+selected topkc-10% "bf16 topkc-10%" && got=yes || got=no
+expect "a listed name is selected" "$got" yes
+selected topkc "bf16 topkc-10%" && got=yes || got=no
+expect "a prefix of a name is not selected" "$got" no
+selected thc-4bit "" && got=yes || got=no
+expect "an empty list selects everything" "$got" yes
+(check_names "bf16 nonesuch" 2>/dev/null) && got=accepted || got=refused
+expect "an unknown name" "$got" refused
+
+# Every --only list in the README names known compressors.
+while read -r names; do
+  (check_names "$names") || failures=$((failures + 1))
+done < <(grep -o -- '--only "[^"]*"' README.md | sed 's/--only "\(.*\)"/\1/')
+[ "$(grep -c -- '--only "' README.md)" -gt 0 ] && got=yes || got=no
+expect "the README has --only lists to check" "$got" yes
+
+if ((failures)); then
+  echo "$failures failure(s)"
+  exit 1
+fi
+echo "e2e scripts: all checks passed"
