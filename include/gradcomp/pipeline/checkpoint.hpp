@@ -76,6 +76,7 @@ struct checkpoint_identity {
 class checkpoint_writer {
  public:
   explicit checkpoint_writer(checkpoint_identity const& id) {
+    bytes_.reserve(256);  // the header and the first words without regrowing (and no false GCC 12 overflow warning)
     raw(checkpoint_magic, sizeof checkpoint_magic);
     std::uint32_t const format = checkpoint_format, kind = static_cast<std::uint32_t>(id.kind);
     raw(&format, 4);
