@@ -61,6 +61,18 @@ TEST_CASE("hierarchical over MPI: nodes by override and by detection, bitwise th
     std::vector<float> all(g.size() * n);
     world.all_gather(g.data(), all.data(), g.size());
     for (int r = 1; r < n; ++r) CHECK(std::memcmp(all.data() + r * g.size(), all.data(), g.size() * 4) == 0);
+    // PowerSGD, by whole tensors, on 16-bit buckets: the same bits on every rank too.
+    bucket_layout const matrices({{64, 48}, {48}, {30, 20}});
+    hierarchical_allreducer<powersgd<>, error_feedback::residual, mpi_communicator, host_space, bfloat16> p(
+        powersgd<>{.rank = 2}, groups, matrices, host_space{}, {.bf16_within_node = true});
+    auto const drawn = gradcomp::testing::random_gradient(6, world.rank(), matrices.size());
+    std::vector<bfloat16> b(drawn.size());
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = bfloat16(drawn[i]);
+    p({b.data(), b.size()});
+    std::vector<bfloat16> every(b.size() * n);
+    world.all_gather(b.data(), every.data(), b.size());
+    for (int r = 1; r < n; ++r)
+      CHECK(std::memcmp(every.data() + r * b.size(), every.data(), b.size() * sizeof(bfloat16)) == 0);
   }
 }
 

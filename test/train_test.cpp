@@ -129,6 +129,11 @@ TEST_CASE("overlap, 16-bit gradients and checkpoints in the training loop") {
       REQUIRE(r.records.size() == 3);
       CHECK(r.weights_hash != whole.weights_hash);  // the gradients were rounded
       CHECK(std::abs(r.records.back().test_accuracy - whole.records.back().test_accuracy) < 0.05);
+      half.ranks_per_node = 2;  // and in two levels, 2 nodes of 2 ranks: it learns as the first test asks
+      auto const two_levels = run_local(half);
+      REQUIRE(two_levels.records.size() == 3);
+      CHECK(two_levels.records.back().loss < 0.75 * two_levels.records.front().loss);
+      CHECK(two_levels.records.back().test_accuracy > 0.6);
     }
   }
   SUBCASE("a missing or foreign checkpoint fails every rank with its name, and nothing hangs") {

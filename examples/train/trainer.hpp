@@ -158,12 +158,8 @@ class host_reducer : public reducer {
       : layout_(layout), timed_(comm) {
     gradcomp::host_space const one{.threads = 1};  // the ranks are the threads
     if (o.ranks_per_node > 0) {  // two levels: nodes of ranks_per_node ranks, rails across them
-      if constexpr (std::is_same_v<G, float>) {
-        nodes_ = std::make_unique<two_levels>(comm, o.ranks_per_node);
-        reduce_ = std::make_unique<model_reducer>(shapes(layout), nodes_->groups, o.reducer_options(), one);
-      } else {
-        throw std::invalid_argument("hierarchical reductions take fp32 gradients (--grad-dtype fp32)");
-      }
+      nodes_ = std::make_unique<two_levels>(comm, o.ranks_per_node);
+      reduce_ = std::make_unique<model_reducer>(shapes(layout), nodes_->groups, o.reducer_options(), one);
     } else {
       reduce_ = std::make_unique<model_reducer>(shapes(layout), timed_, o.reducer_options(), one);
     }

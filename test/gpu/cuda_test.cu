@@ -172,6 +172,35 @@ TEST_CASE("a bf16 reduce-scatter gives bitwise the host's shard on the device") 
   });
 }
 
+TEST_CASE("a hierarchical step on bf16 buckets gives bitwise the host's result on the device") {
+  using namespace gradcomp;
+  using namespace gradcomp::testing;
+  using C = topk_chunked<>;
+  C const c{.chunk_size = 64, .fraction = 0.1};
+  local_group::run(4, [&](local_group::communicator& world) {
+    std::size_t const d = 100003;
+    auto groups = split_nodes(world, 2);
+    auto const drawn = random_gradient(shared_seed(world), world.rank(), d);
+    std::vector<bfloat16> g(d);
+    for (std::size_t i = 0; i < d; ++i) g[i] = bfloat16(drawn[i]);
+    for (bool bf16_within_node : {false, true}) {
+      hierarchical_options const options{.bf16_within_node = bf16_within_node};
+      hierarchical_allreducer<C, error_feedback::residual, local_group::communicator, host_space, bfloat16> on_host(
+          c, groups, bucket_layout(d), host_space{}, options);
+      hierarchical_allreducer<C, error_feedback::residual, local_group::communicator, cuda_space, bfloat16> on_device(
+          c, groups, bucket_layout(d), cuda_space{}, options);
+      auto h = g;
+      on_host({h.data(), d});
+      auto dg = upload(cuda_space{}, g);
+      on_device(dg.view());
+      on_device.synchronize();
+      auto const out = download(cuda_space{}, dg.data(), d);
+      INFO((bf16_within_node ? "bf16" : "fp32") << " inside the node");
+      CHECK(std::memcmp(out.data(), h.data(), d * sizeof(bfloat16)) == 0);
+    }
+  });
+}
+
 namespace {
 
 // Runs two steps of compressor c eagerly on one allreducer, and on another

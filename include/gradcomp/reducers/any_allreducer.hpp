@@ -53,15 +53,14 @@ class any_allreducer {
   /// The compressor `spec` names, reduced in two levels over `groups`
   /// (hierarchical_allreducer; its lanes are sized for groups.nodes()).
   /// Collective over the world; a compressor that cannot be sharded
-  /// (PowerSGD, classic TopK) fails every rank with invalid_argument.
+  /// (classic TopK) fails every rank with invalid_argument.
   any_allreducer(compressor_spec const& spec, node_groups<Collective>& groups, bucket_layout layout, Space space,
                  hierarchical_options options = {})
       : spec_(spec) {
-    static_assert(std::is_same_v<Gradient, float>, "hierarchical reductions take fp32 gradients");
     std::string failure;
     try {
       (void)visit_compressor(spec, groups.nodes(), [&](auto c, auto) {
-        if constexpr (!detail::shards_by_elements<decltype(c)>)
+        if constexpr (!detail::shards_in_two_levels<decltype(c)>)
           throw invalid_argument("any_allreducer: " + std::string(decltype(c)::name) +
                                  " cannot be sharded across a node's ranks; run it flat, over the world");
         return 0;
@@ -73,8 +72,8 @@ class any_allreducer {
       throw invalid_argument(failure.empty() ? "any_allreducer: another rank cannot use this compressor_spec" : failure);
     impl_ = visit_compressor(spec, groups.nodes(), [&](auto c, auto ef) -> std::unique_ptr<base> {
       using C = decltype(c);
-      if constexpr (detail::shards_by_elements<C>) {
-        using reducer = hierarchical_allreducer<C, decltype(ef), Collective, Space>;
+      if constexpr (detail::shards_in_two_levels<C>) {
+        using reducer = hierarchical_allreducer<C, decltype(ef), Collective, Space, Gradient>;
         return std::make_unique<model<reducer>>(describe(c), c, groups, std::move(layout), space, options);
       } else {
         return nullptr;  // (refused above)

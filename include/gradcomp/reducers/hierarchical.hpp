@@ -8,8 +8,23 @@
 //      same local rank on every node (L rails in parallel);
 //   3. all-gather inside the node: every rank holds the whole mean.
 //
+// Buckets of 16-bit gradients (bfloat16, half) are widened to fp32 for the
+// node's reduce-scatter (or sent as bf16), and the shard's mean is rounded
+// once, to the gradient's type, before the all-gather: the fp32 path's
+// result, rounded, for half its all-gather bytes.
+//
 // Error feedback lives on the shard, and integer lanes are sized by the
 // number of nodes, not of ranks: only the nodes' sums cross the slow link.
+//
+// Shards are runs of elements, whole rotation blocks and chunks, except for
+// PowerSGD, whose step needs whole matrices: its shards are runs of whole
+// tensors, as even as the tensors allow, each in a slot of the node's
+// reduce-scatter as large as the largest. A bucket with fewer tensors than
+// the node has ranks leaves some ranks without a tensor; they reduce one
+// zero across nodes, so that every rail steps and agrees alike. Buckets
+// rotate which rank takes the first run, so one-matrix buckets spread over
+// the node. PowerSGD is linear in the gradient, so its two-level step is the
+// flat step up to rounding, with error feedback on each node's mean.
 // A step's verdict (non-finite values, a lane that would overflow) is agreed
 // by every rank of the world, so the rails of a node commit or fail a step
 // together and no shard's state moves alone.
@@ -39,6 +54,76 @@ struct node_groups {
 };
 
 namespace detail {
+/// True when compressor C shards by whole tensors across a node's ranks: its
+/// payload sums, but its step needs the tensors' shapes (PowerSGD).
+template <class C>
+inline constexpr bool shards_by_tensors =
+    C::summable_payload && requires { typename C::template resources<host_space>; };
+
+/// True when C can be reduced in two levels.
+template <class C>
+inline constexpr bool shards_in_two_levels = shards_by_elements<C> || shards_by_tensors<C>;
+
+/// Each local rank's part of a bucket, which travels in that rank's slot
+/// (`slot` elements, zero-padded) of the node's reduce-scatter.
+struct node_parts {
+  std::vector<element_range> of_rank;
+  std::size_t slot = 0;
+  /// True when slot r starts at element r * slot: the bucket, padded with
+  /// zeros, is the reduce-scatter's input as it stands.
+  bool in_place() const {
+    for (std::size_t r = 0; r < of_rank.size(); ++r)
+      if (of_rank[r].count > 0 && of_rank[r].first != r * slot) return false;
+    return true;
+  }
+};
+
+/// Equal shards of `alignment`-multiples, in rank order (the last ones may
+/// be short or empty).
+inline node_parts element_parts(std::size_t d, int parts, std::size_t alignment) {
+  node_parts p{std::vector<element_range>(static_cast<std::size_t>(parts)), shard_elements(d, parts, alignment)};
+  for (std::size_t r = 0; r < p.of_rank.size(); ++r) {
+    std::size_t const first = std::min(d, r * p.slot);
+    p.of_rank[r] = {first, std::min(d, first + p.slot) - first};
+  }
+  return p;
+}
+
+/// Runs of whole tensors, one per rank, each cut at the tensor edge nearest
+/// to an even share of the elements; run j goes to rank (first + j) % parts.
+inline node_parts tensor_parts(bucket_layout const& layout, int parts, int first) {
+  auto const& tensors = layout.tensors();
+  std::size_t const d = layout.size(), n = static_cast<std::size_t>(parts);
+  std::vector<std::size_t> cut(n + 1, d);  // run j: elements [cut[j], cut[j + 1])
+  cut[0] = 0;
+  std::size_t t = 0;
+  for (std::size_t j = 1; j < n; ++j) {
+    std::size_t const even = d * j / n;
+    while (t < tensors.size() && tensors[t].offset + tensors[t].elements <= even) ++t;
+    std::size_t edge = d;  // the nearer edge of tensor t (the one holding `even`)
+    if (t < tensors.size()) {
+      std::size_t const lo = tensors[t].offset, hi = lo + tensors[t].elements;
+      edge = even - lo <= hi - even ? lo : hi;
+    }
+    cut[j] = std::max(cut[j - 1], edge);
+  }
+  node_parts p{std::vector<element_range>(n), 1};  // (a slot of one element at least)
+  for (std::size_t j = 0; j < n; ++j) {
+    p.of_rank[(static_cast<std::size_t>(first) + j) % n] = {cut[j], cut[j + 1] - cut[j]};
+    p.slot = std::max(p.slot, cut[j + 1] - cut[j]);
+  }
+  return p;
+}
+
+/// The tensors of `layout` within `r` (whole tensors), or one element when
+/// there are none: a rank without a tensor still steps.
+inline bucket_layout tensors_within(bucket_layout const& layout, element_range r) {
+  bucket_layout out;
+  for (auto const& t : layout.tensors())
+    if (t.offset >= r.first && t.offset + t.elements <= r.first + r.count && t.elements > 0) out.add(t.shape);
+  return out.size() > 0 ? out : bucket_layout(1);
+}
+
 // The largest of every rank's `value`, over a world given as its two levels.
 template <class Collective, class Space>
 std::int64_t world_max(Collective& local, Collective& cross, Space const& space, std::int64_t value) {
@@ -144,16 +229,14 @@ struct hierarchical_options {
 };
 
 namespace detail {
+// (16-bit elements travel through these as widened streams: read as float,
+// written rounded once.)
 struct divide_by {
   float n;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, float x, float& out) const { out = x / n; }
 };
-struct divide_bf16_by {
-  float n;
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t, bfloat16 x, float& out) const { out = static_cast<float>(x) / n; }
-};
-struct to_bf16 {
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t, float x, bfloat16& out) const { out = bfloat16(x); }
+struct same_value {
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t, float x, float& out) const { out = x; }
 };
 }  // namespace detail
 
@@ -163,14 +246,18 @@ struct to_bf16 {
 /// configuration, every rank throws invalid_argument.
 ///
 /// For compressors whose payload is summed element by element (bf16, fp32,
-/// fp16, TopK-Chunked, THC, the QSGDs, GlobalRandK, IntSGD). PowerSGD is not
-/// sharded (a shard of a matrix is not a matrix of the same rank): use it
-/// flat, over the world.
-template <class Compressor, class ErrorFeedback, class Collective, class Space = default_space_t<Collective>>
+/// fp16, TopK-Chunked, THC, the QSGDs, GlobalRandK, IntSGD), and for
+/// PowerSGD, sharded by whole tensors. Classic TopK, whose pairs do not sum,
+/// does not compile. Buckets are stored as `Gradient`: float, bfloat16 or
+/// half; error feedback keeps its fp32 residual on the shard either way.
+template <class Compressor, class ErrorFeedback, class Collective, class Space = default_space_t<Collective>,
+          class Gradient = float>
 class hierarchical_allreducer {
-  static_assert(detail::shards_by_elements<Compressor>,
-                "hierarchical_allreducer shards buckets by elements: the compressor's payload must be summable and "
-                "shape-free (PowerSGD and classic TopK run flat)");
+  static_assert(detail::shards_in_two_levels<Compressor>,
+                "hierarchical_allreducer shards buckets across a node's ranks: the compressor's payload must sum "
+                "(classic TopK's pairs do not: run it flat)");
+  static_assert(gradient_element<Gradient>, "gradients are stored as float, bfloat16 or half");
+  static constexpr bool wide = std::is_same_v<Gradient, float>;
 
  public:
   using memory = typename Space::memory;  ///< Where gradients live.
@@ -189,9 +276,16 @@ class hierarchical_allreducer {
       : groups_(&groups), layout_(std::move(layout)), space_(space), options_(options), rail_(groups.cross, groups.local) {
     int const nodes = groups.nodes(), per_node = groups.ranks_per_node();
     std::size_t const d = layout_.size();
-    shard_ = detail::shard_elements(d, per_node, detail::shard_alignment(compressor));
+    int const first = static_cast<int>(options_.reduce.bucket % static_cast<std::uint64_t>(per_node));
+    if constexpr (detail::shards_by_tensors<Compressor>)
+      parts_ = detail::tensor_parts(layout_, per_node, first);
+    else
+      parts_ = detail::element_parts(d, per_node, detail::shard_alignment(compressor));
+    in_place_ = parts_.in_place();
+    std::size_t const slot = parts_.slot;
     std::string failure = d == 0 ? "hierarchical_allreducer: the bucket is empty" : "";
-    std::int64_t const mine = static_cast<std::int64_t>(detail::hash_combine(d, compressor.fingerprint()) >> 1);
+    std::int64_t const mine =
+        static_cast<std::int64_t>(detail::hash_combine(detail::hash_combine(d, compressor.fingerprint()), type_tag()) >> 1);
     // The node's ranks must agree before the rails exchange anything.
     if (detail::world_max(groups.local, groups.cross, space_, mine) !=
             -detail::world_max(groups.local, groups.cross, space_, -mine) &&
@@ -201,10 +295,19 @@ class hierarchical_allreducer {
       try {
         allreducer_options o = options_.reduce;
         o.bucket = o.bucket * static_cast<std::uint64_t>(per_node) + static_cast<std::uint64_t>(groups.local.rank());
-        inner_.emplace(std::move(compressor), rail_, bucket_layout(shard_), space_, o);
-        whole_ = buffer<float, Space>(shard_ * per_node, space_);
-        part_ = buffer<float, Space>(shard_, space_);
-        if (options_.bf16_within_node) narrow_ = buffer<bfloat16, Space>(shard_ * (per_node + 1), space_);
+        auto const mine = static_cast<std::size_t>(groups.local.rank());
+        if constexpr (detail::shards_by_tensors<Compressor>)
+          inner_.emplace(std::move(compressor), rail_, detail::tensors_within(layout_, parts_.of_rank[mine]), space_, o);
+        else
+          inner_.emplace(std::move(compressor), rail_, bucket_layout(slot), space_, o);
+        std::size_t const padded = slot * static_cast<std::size_t>(per_node);
+        whole_ = buffer<Gradient, Space>(padded, space_);
+        part_ = buffer<float, Space>(slot, space_);
+        if (options_.bf16_within_node)  // the node's sum, after the bucket in bf16 unless it is already
+          narrow_ = buffer<bfloat16, Space>(std::is_same_v<Gradient, bfloat16> ? slot : slot + padded, space_);
+        else if (!wide)
+          widened_ = buffer<float, Space>(padded, space_);
+        if (!wide) rounded_ = buffer<Gradient, Space>(slot, space_);
       } catch (std::exception const& e) {
         failure = "hierarchical_allreducer: across " + std::to_string(nodes) + " nodes of " +
                   std::to_string(per_node) + " ranks (lanes sum one value per node): " + e.what();
@@ -213,43 +316,63 @@ class hierarchical_allreducer {
     if (detail::world_max(groups.local, groups.cross, space_, failure.empty() ? 0 : 1) != 0)
       throw invalid_argument(failure.empty() ? "hierarchical_allreducer: another rank cannot use this configuration"
                                              : failure);
-    space_.fill_zero(whole_.data(), whole_.size() * sizeof(float));
+    space_.fill_zero(whole_.data(), whole_.size() * sizeof(Gradient));
   }
 
   /// Reduces `gradient` (layout().size() values) in place: on return every
   /// rank holds the mean over all ranks. A step that any rank of the world
   /// found bad commits nothing on any rank (see nonfinite_policy).
-  void operator()(span<float, memory> gradient) {
+  void operator()(span<Gradient, memory> gradient) {
     auto& local = groups_->local;
     std::size_t const d = layout_.size(), padded = whole_.size();
+    std::size_t const slot = parts_.slot;
     float const per_node = static_cast<float>(local.size());
     bool const ok = gradient.size() == d;
     // A wrong size still takes part in the step (with the old contents), so the
     // rail's agreement fails every rank instead of leaving peers waiting.
-    float const* send = ok ? detail::padded_bucket(space_, gradient, whole_.data(), padded) : whole_.data();
+    Gradient* send = !ok ? whole_.data()
+                     : in_place_ ? detail::padded_bucket(space_, gradient, whole_.data(), padded)
+                                 : pack(gradient);
     if (options_.bf16_within_node) {
-      bfloat16* wide = narrow_.data() + shard_;
-      transform(space_, padded, inputs(send), outputs(wide), detail::to_bf16{});
-      local.reduce_scatter(wide, narrow_.data(), shard_, reduce_op::sum);
-      transform(space_, shard_, inputs(narrow_.data()), outputs(part_.data()), detail::divide_bf16_by{per_node});
+      bfloat16* node_in = narrow_.data() + slot;
+      if constexpr (std::is_same_v<Gradient, bfloat16>)
+        node_in = send;
+      else
+        transform(space_, padded, inputs(detail::gradient_stream(send)), outputs(widened<bfloat16>{node_in}),
+                  detail::same_value{});
+      local.reduce_scatter(node_in, narrow_.data(), slot, reduce_op::sum);
+      transform(space_, slot, inputs(widened<bfloat16>{narrow_.data()}), outputs(part_.data()),
+                detail::divide_by{per_node});
     } else {
-      local.reduce_scatter(send, part_.data(), shard_, reduce_op::sum);
-      transform(space_, shard_, inputs(part_.data()), outputs(part_.data()), detail::divide_by{per_node});
+      float* node_in = widened_.data();
+      if constexpr (wide)
+        node_in = send;
+      else
+        transform(space_, padded, inputs(detail::gradient_stream(send)), outputs(node_in), detail::same_value{});
+      local.reduce_scatter(node_in, part_.data(), slot, reduce_op::sum);
+      transform(space_, slot, inputs(part_.data()), outputs(part_.data()), detail::divide_by{per_node});
     }
+    std::size_t const reduced = inner_->layout().size();  // the slot, or this rank's tensors
     try {
       if (ok)
-        (*inner_)(part_.view());
+        (*inner_)(part_.view().subspan(0, reduced));
       else
-        (*inner_)(part_.view().subspan(0, shard_ - 1));  // refused: every rank fails the step
+        (*inner_)(part_.view().subspan(0, reduced - 1));  // refused: every rank fails the step
     } catch (invalid_argument const&) {
       if (ok) throw;
       throw invalid_argument("hierarchical_allreducer: the gradient has " + std::to_string(gradient.size()) +
                              " elements but the bucket was set up for " + std::to_string(d) +
                              " (every rank skips this step)");
     }
-    float* out = padded == d ? gradient.data() : whole_.data();
-    local.all_gather(part_.data(), out, shard_);
-    if (padded != d) space_.copy(gradient.data(), whole_.data(), d * sizeof(float));
+    Gradient* out = in_place_ && padded == d ? gradient.data() : whole_.data();
+    if constexpr (wide) {
+      local.all_gather(part_.data(), out, slot);
+    } else {
+      transform(space_, slot, inputs(part_.data()), outputs(detail::gradient_stream(rounded_.data())),
+                detail::same_value{});
+      local.all_gather(rounded_.data(), out, slot);
+    }
+    if (out != gradient.data()) unpack(gradient);
   }
 
   /// Waits for every step enqueued so far (see allreducer::synchronize).
@@ -260,7 +383,7 @@ class hierarchical_allreducer {
   /// and the all-gather.
   std::size_t node_bytes() const {
     std::size_t const element = options_.bf16_within_node ? sizeof(bfloat16) : sizeof(float);
-    return whole_.size() * element + whole_.size() * sizeof(float);
+    return whole_.size() * element + whole_.size() * sizeof(Gradient);
   }
   /// Steps committed, warm-up included.
   std::uint64_t steps() const { return inner_->steps(); }
@@ -268,24 +391,29 @@ class hierarchical_allreducer {
   bool warming_up() const { return inner_->warming_up(); }
   /// The bucket.
   bucket_layout const& layout() const { return layout_; }
-  /// The elements of this rank's shard (a multiple of the compressor's block
-  /// or chunk; the last shards may cover padding).
-  std::size_t shard_size() const { return shard_; }
+  /// The elements of each rank's slot in the node's reduce-scatter: the
+  /// shard (a multiple of the compressor's block or chunk; the last shards
+  /// may cover padding), or for PowerSGD the largest run of whole tensors.
+  std::size_t shard_size() const { return parts_.slot; }
   /// The compressor and its parameters.
   Compressor const& compressor() const { return inner_->compressor(); }
-  /// This rank's shard's error-feedback residual.
+  /// The elements of the bucket this rank reduces across nodes, with its
+  /// rail: its residual's first rail_elements().count values are theirs.
+  element_range rail_elements() const { return parts_.of_rank[static_cast<std::size_t>(groups_->local.rank())]; }
+  /// This rank's shard's error-feedback residual (PowerSGD: of its tensors).
   auto residual() const
     requires ErrorFeedback::enabled
   {
     return inner_->residual();
   }
   /// A hash of the configuration: the rail's, the node's size, the
-  /// intra-node precision, the bucket.
+  /// intra-node precision, the bucket and how it is stored.
   std::uint64_t fingerprint() const {
     std::uint64_t h = detail::hash("hierarchical", inner_->fingerprint());
     h = detail::hash_combine(h, layout_.fingerprint());
     h = detail::hash_combine(h, static_cast<std::uint64_t>(groups_->ranks_per_node()));
-    return detail::hash_combine(h, options_.bf16_within_node ? 1 : 0);
+    h = detail::hash_combine(h, options_.bf16_within_node ? 1 : 0);
+    return wide ? h : detail::hash_combine(h, type_tag());
   }
 
   /// @name Checkpoints: this rank's shard state (see allreducer::save)
@@ -328,6 +456,32 @@ class hierarchical_allreducer {
   /// @}
 
  private:
+  // The bucket in slots, for a reduce-scatter whose slots are not where the
+  // parts are in the bucket (runs of tensors): each part, then zeros.
+  Gradient* pack(span<Gradient, memory> gradient) {
+    Gradient* whole = whole_.data();
+    for (std::size_t r = 0; r < parts_.of_rank.size(); ++r) {
+      auto const [first, count] = parts_.of_rank[r];
+      Gradient* slot = whole + r * parts_.slot;
+      space_.copy(slot, gradient.data() + first, count * sizeof(Gradient));
+      space_.fill_zero(slot + count, (parts_.slot - count) * sizeof(Gradient));
+    }
+    return whole;
+  }
+  // The all-gathered slots back into the bucket.
+  void unpack(span<Gradient, memory> gradient) {
+    for (std::size_t r = 0; r < parts_.of_rank.size(); ++r) {
+      auto const [first, count] = parts_.of_rank[r];
+      space_.copy(gradient.data() + first, whole_.data() + r * parts_.slot, count * sizeof(Gradient));
+    }
+  }
+
+  // How buckets are stored, for the ranks' agreement (float: 0, as before
+  // 16-bit buckets existed, so that fp32 checkpoints keep their identity).
+  static constexpr std::uint64_t type_tag() {
+    return wide ? 0 : std::is_same_v<Gradient, bfloat16> ? 1 : 2;
+  }
+
   detail::checkpoint_identity identity() const {
     auto const& g = *groups_;
     return {checkpoint_kind::hierarchical, fingerprint(),
@@ -343,11 +497,14 @@ class hierarchical_allreducer {
   Space space_;
   hierarchical_options options_;
   rail_collective<Collective> rail_;
-  std::size_t shard_ = 0;
+  detail::node_parts parts_;  // each local rank's part of the bucket, and its slot
+  bool in_place_ = true;      // parts_.in_place(): the padded bucket is the slots
   std::optional<inner_type> inner_;
-  buffer<float, Space> whole_;      // the padded bucket (padding, and the all-gather)
-  buffer<float, Space> part_;       // this rank's shard
-  buffer<bfloat16, Space> narrow_;  // bf16 within the node: the shard, then the padded bucket
+  buffer<Gradient, Space> whole_;     // the padded bucket (padding, and the all-gather)
+  buffer<float, Space> part_;         // this rank's shard: the node's mean, then the world's
+  buffer<bfloat16, Space> narrow_;    // bf16 within the node: the shard's sum, then the bucket in bf16
+  buffer<float, Space> widened_;      // a 16-bit bucket in fp32, for an fp32 reduce-scatter
+  buffer<Gradient, Space> rounded_;   // a 16-bit bucket: the shard's mean, rounded for the all-gather
 };
 
 }  // namespace gradcomp
