@@ -392,7 +392,8 @@ TEST_CASE("PowerSGD reduces in two levels by whole tensors: the mean of rank-2 m
   bucket_layout many;  // more tensors than a node has ranks
   many.add({40, 30}).add({30}).add({64, 20}).add({20}).add({25, 25}).add({7, 9});
   bucket_layout const one({{48, 36}});  // one matrix: the other ranks of the node have no tensor
-  for (auto [nodes, per_node] : shapes) {
+  for (shape const& s : shapes) {
+    int const nodes = s.nodes, per_node = s.per_node;
     for (bucket_layout const* layout : std::vector<bucket_layout const*>{&many, &one}) {
       for (std::uint64_t bucket : {0, 1}) {  // which local rank takes the first run
         int const world_size = nodes * per_node;
@@ -431,7 +432,8 @@ TEST_CASE("PowerSGD in two levels: error feedback loses nothing over many steps"
   C const c{.rank = 2, .min_compression_rate = 1};
   bucket_layout few;  // three tensors on nodes of up to three ranks
   few.add({30, 20}).add({20}).add({12, 9});
-  for (auto [nodes, per_node] : shapes) {
+  for (shape const& s : shapes) {
+    int const nodes = s.nodes, per_node = s.per_node;
     int const world_size = nodes * per_node, steps = 20;
     std::size_t const d = few.size();
     std::vector<double> sent(d, 0.0), had(d, 0.0), kept(d, 0.0);

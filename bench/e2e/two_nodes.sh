@@ -8,14 +8,14 @@
 #
 # OpenMPI is told to yield when idle: each emulated node has as many slots as
 # ranks, so it would not see the oversubscription of the real cores and would
-# spin, which once tripled the step time. Each daemon also gets its own host
+# spin, which once made steps four to six times longer. Each daemon also gets its own host
 # name (a UTS namespace), so that the shared-memory transport of one node
 # does not collide with the other's.
 #
 # Rows: flat and hierarchical (--ranks-per-node 2), for bf16 and each
 # compressor of --only (names from common.sh); COMPRESSOR~hier is the
-# hierarchical run, and its speedup is over bf16~hier. PowerSGD and classic
-# TopK do not shard, and run flat only. Medians and ranges over --repeat runs.
+# hierarchical run, and its speedup is over bf16~hier. Classic TopK does not
+# shard, and runs flat only. Medians and ranges over --repeat runs.
 #
 #   sudo bench/e2e/two_nodes.sh [--out DIR] [--rates "1gbit 10gbit"] [--target 0.85] [--repeat 3]
 #                               [--only "topkc-10% thc-4bit"] [-- train flags]
@@ -95,7 +95,7 @@ for rate in $rates; do
     flags=${entry#*|}
     selected "$name" "$only" || continue
     for level in flat hier; do
-      [ "$level" = hier ] && [[ $name == powersgd* || $name == topk-* ]] && continue
+      [ "$level" = hier ] && [[ $name == topk-* ]] && continue
       label=$name
       level_flags=()
       [ "$level" = hier ] && label="$name~hier" && level_flags=(--ranks-per-node 2)
