@@ -295,9 +295,10 @@ class hierarchical_allreducer {
       try {
         allreducer_options o = options_.reduce;
         o.bucket = o.bucket * static_cast<std::uint64_t>(per_node) + static_cast<std::uint64_t>(groups.local.rank());
-        auto const mine = static_cast<std::size_t>(groups.local.rank());
+        auto const local_rank = static_cast<std::size_t>(groups.local.rank());
         if constexpr (detail::shards_by_tensors<Compressor>)
-          inner_.emplace(std::move(compressor), rail_, detail::tensors_within(layout_, parts_.of_rank[mine]), space_, o);
+          inner_.emplace(std::move(compressor), rail_, detail::tensors_within(layout_, parts_.of_rank[local_rank]),
+                         space_, o);
         else
           inner_.emplace(std::move(compressor), rail_, bucket_layout(slot), space_, o);
         std::size_t const padded = slot * static_cast<std::size_t>(per_node);
