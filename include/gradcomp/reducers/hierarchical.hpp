@@ -64,31 +64,6 @@ inline constexpr bool shards_by_tensors =
 template <class C>
 inline constexpr bool shards_in_two_levels = shards_by_elements<C> || shards_by_tensors<C>;
 
-/// Each local rank's part of a bucket, which travels in that rank's slot
-/// (`slot` elements, zero-padded) of the node's reduce-scatter.
-struct node_parts {
-  std::vector<element_range> of_rank;
-  std::size_t slot = 0;
-  /// True when slot r starts at element r * slot: the bucket, padded with
-  /// zeros, is the reduce-scatter's input as it stands.
-  bool in_place() const {
-    for (std::size_t r = 0; r < of_rank.size(); ++r)
-      if (of_rank[r].count > 0 && of_rank[r].first != r * slot) return false;
-    return true;
-  }
-};
-
-/// Equal shards of `alignment`-multiples, in rank order (the last ones may
-/// be short or empty).
-inline node_parts element_parts(std::size_t d, int parts, std::size_t alignment) {
-  node_parts p{std::vector<element_range>(static_cast<std::size_t>(parts)), shard_elements(d, parts, alignment)};
-  for (std::size_t r = 0; r < p.of_rank.size(); ++r) {
-    std::size_t const first = std::min(d, r * p.slot);
-    p.of_rank[r] = {first, std::min(d, first + p.slot) - first};
-  }
-  return p;
-}
-
 /// Runs of whole tensors, one per rank, each cut at the tensor edge nearest
 /// to an even share of the elements; run j goes to rank (first + j) % parts.
 inline node_parts tensor_parts(bucket_layout const& layout, int parts, int first) {

@@ -66,12 +66,10 @@ class reduce_scatterer {
       : ranks_(collective.size()),
         rank_(collective.rank()),
         layout_(std::move(layout)),
-        shard_(layout_.size() == 0
-                   ? 0
-                   : detail::shard_elements(layout_.size(), ranks_, detail::shard_alignment(compressor))),
-        padded_(padded(layout_, shard_ * static_cast<std::size_t>(ranks_))),
+        parts_(detail::element_parts(layout_.size(), ranks_, detail::shard_alignment(compressor))),
+        padded_(padded(layout_, parts_.slot * static_cast<std::size_t>(ranks_))),
         space_(space),
-        inner_(std::move(compressor), collective, padded_, space, options, shard_),
+        inner_(std::move(compressor), collective, padded_, space, options, parts_.slot),
         whole_(padded_.size() == layout_.size() ? 0 : padded_.size(), space) {}
 
   /// Reduce-scatters `gradient`, this rank's whole bucket (layout().size()
@@ -103,14 +101,10 @@ class reduce_scatterer {
   }
 
   /// Where rank `rank`'s shard starts in the bucket.
-  std::size_t shard_offset(int rank) const {
-    return std::min(layout_.size(), shard_ * static_cast<std::size_t>(rank));
-  }
+  std::size_t shard_offset(int rank) const { return parts_.of_rank[static_cast<std::size_t>(rank)].first; }
   /// How many elements rank `rank`'s shard holds (the last ones may hold
   /// fewer than the others, or none).
-  std::size_t shard_size(int rank) const {
-    return std::min(layout_.size(), shard_ * static_cast<std::size_t>(rank + 1)) - shard_offset(rank);
-  }
+  std::size_t shard_size(int rank) const { return parts_.of_rank[static_cast<std::size_t>(rank)].count; }
   /// Where this rank's shard starts.
   std::size_t shard_offset() const { return shard_offset(rank_); }
   /// How many elements this rank's shard holds.
@@ -160,7 +154,7 @@ class reduce_scatterer {
 
   int ranks_, rank_;
   bucket_layout layout_;
-  std::size_t shard_;
+  detail::node_parts parts_;  // each rank's shard, in rank order, and the slot they pad to
   bucket_layout padded_;
   Space space_;
   allreducer<Compressor, ErrorFeedback, Collective, allreduce_aggregator, Space> inner_;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <vector>
 
 namespace gradcomp::inline GRADCOMP_ABI::detail {
 
@@ -31,6 +32,31 @@ inline std::size_t shard_elements(std::size_t d, int parts, std::size_t alignmen
   std::size_t const p = static_cast<std::size_t>(parts);
   std::size_t const shard = (d + p - 1) / p;
   return (shard + alignment - 1) / alignment * alignment;
+}
+
+/// Each rank's part of a bucket, which travels in that rank's slot (`slot`
+/// elements, zero-padded) of a reduce-scatter.
+struct node_parts {
+  std::vector<element_range> of_rank;
+  std::size_t slot = 0;
+  /// True when slot r starts at element r * slot: the bucket, padded with
+  /// zeros, is the reduce-scatter's input as it stands.
+  bool in_place() const {
+    for (std::size_t r = 0; r < of_rank.size(); ++r)
+      if (of_rank[r].count > 0 && of_rank[r].first != r * slot) return false;
+    return true;
+  }
+};
+
+/// Equal shards of `alignment`-multiples, in rank order (the last ones may
+/// be short or empty).
+inline node_parts element_parts(std::size_t d, int parts, std::size_t alignment) {
+  node_parts p{std::vector<element_range>(static_cast<std::size_t>(parts)), shard_elements(d, parts, alignment)};
+  for (std::size_t r = 0; r < p.of_rank.size(); ++r) {
+    std::size_t const first = std::min(d, r * p.slot);
+    p.of_rank[r] = {first, std::min(d, first + p.slot) - first};
+  }
+  return p;
 }
 
 /// The bucket a step on `padded` elements reads: `gradient` itself where it
