@@ -183,6 +183,38 @@ TEST_CASE("lanes are sized by the number of nodes: accepted for 2 nodes, refused
   });
 }
 
+TEST_CASE("ranks agree over two levels in world order, and a disagreement names the rank on every rank") {
+  for (auto const [nodes, per_node] : shapes) {
+    int const n = nodes * per_node;
+    local_group::run(n, [&, n = n, per_node = per_node](local_group::communicator& world) {
+      auto groups = split_nodes(world, per_node);
+      int const rank = world.rank();
+      host_space const space{.threads = 1};
+      detail::agreement const all(groups.local, groups.cross, space, 100 + static_cast<std::uint64_t>(rank), 7,
+                                  rank == n - 2 ? "rank " + std::to_string(rank) + "'s own reason" : "");
+      REQUIRE(all.ranks() == n);
+      CHECK(all.self() == rank);
+      for (int r = 0; r < n; ++r) CHECK(all.of(r).a == 100 + static_cast<std::uint64_t>(r));
+      CHECK(all.first_failed() == n - 2);
+      CHECK(all.why(n - 2) == "rank " + std::to_string(n - 2) + "'s own reason");
+      CHECK(all.first_other_a() == 1);
+      CHECK(all.first_other_b() == -1);
+
+      using reducer = hierarchical_allreducer<topk_chunked<>, error_feedback::residual, local_group::communicator,
+                                              host_space>;
+      topk_chunked<> const c{.chunk_size = 16, .fraction = 0.25};
+      std::size_t const d = rank == n - 1 ? 999 : 1000;
+      std::string const sizes = "rank 0 has 1000 elements, rank " + std::to_string(n - 1) + " has 999";
+      CHECK_THROWS_WITH_AS(reducer(c, groups, bucket_layout(d), space), doctest::Contains(sizes.c_str()),
+                           invalid_argument);
+      topk_chunked<> const other{.chunk_size = 16, .fraction = rank == 1 ? 0.5 : 0.25};
+      CHECK_THROWS_WITH_AS(reducer(other, groups, bucket_layout(1000), space),
+                           doctest::Contains("rank 1's compressor, its parameters"), invalid_argument);
+      CHECK_NOTHROW(reducer(c, groups, bucket_layout(1000), space));  // (nobody was left waiting)
+    });
+  }
+}
+
 TEST_CASE("a bad value on one rank fails the step on every rank of every node, and no residual moves") {
   using C = thc<>;
   local_group::run(4, [](local_group::communicator& world) {

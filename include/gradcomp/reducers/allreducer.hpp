@@ -14,6 +14,7 @@
 #include <gradcomp/pipeline/nonfinite.hpp>
 #include <gradcomp/pipeline/step_context.hpp>
 #include <gradcomp/pipeline/verdict.hpp>
+#include <gradcomp/reducers/agreement.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -411,62 +412,24 @@ class allreducer {
       detail::throw_step_failure(veto, local, collective_->rank(), what_);
   }
 
-  // What each rank says in an agreement: two numbers, and whether and why it
-  // failed.
-  struct record {
-    std::uint64_t a, b, failed;
-    char why[232];
-  };
-  static_assert(sizeof(record) == 256);
-
-  // Every rank's record, on every rank.
-  std::vector<record> gather(std::uint64_t a, std::uint64_t b, std::string const& failure) {
-    record mine{};
-    mine.a = a;
-    mine.b = b;
-    mine.failed = failure.empty() ? 0 : 1;
-    std::memcpy(mine.why, failure.data(), std::min(failure.size(), sizeof mine.why - 1));
-    std::vector<record> all(static_cast<std::size_t>(collective_->size()));
-    buffer<std::uint8_t, Space> exchange((all.size() + 1) * sizeof(record), space_);
-    space_.from_host(exchange.data(), &mine, sizeof mine);
-    collective_->all_gather(exchange.data(), exchange.data() + sizeof(record), sizeof(record));
-    space_.to_host(all.data(), exchange.data() + sizeof(record), all.size() * sizeof(record));
-    return all;
-  }
-
-  // Every rank gathers every rank's (bucket size, configuration hash, and
-  // whether and why it failed to set up) and reaches the same verdict, so all
+  // Every rank states its bucket size, its configuration's hash and whether
+  // and why it failed to set up, and all reach the same verdict, so all
   // ranks throw together or none does: no rank is left waiting in a step.
   void agree_on_configuration(std::string const& failure) {
-    int const n = collective_->size();
-    auto const all = gather(layout_.size(), fingerprint(), failure);
-    for (int r = 0; r < n; ++r)
-      GRADCOMP_EXPECTS(all[r].failed == 0, "allreducer: rank " + std::to_string(r) +
-                                               " cannot use this configuration: " + std::string(all[r].why));
-    for (int r = 1; r < n; ++r) {
-      GRADCOMP_EXPECTS(all[r].a == all[0].a, "allreducer: ranks disagree on the bucket size: rank 0 has " +
-                                                 std::to_string(all[0].a) + " elements, rank " + std::to_string(r) +
-                                                 " has " + std::to_string(all[r].a));
-      GRADCOMP_EXPECTS(all[r].b == all[0].b,
-                       "allreducer: rank " + std::to_string(r) +
-                           "'s configuration differs from rank 0's (compressor parameters, tensor shapes, error "
-                           "feedback, aggregator, non-finite policy or seed)");
-    }
+    detail::agreement const all(*collective_, space_, layout_.size(), fingerprint(), failure);
+    detail::expect_none_failed(all, failure, "allreducer", "this configuration");
+    if (int const r = all.first_other_a(); r >= 0)
+      throw invalid_argument("allreducer: ranks disagree on the bucket size: rank 0 has " + std::to_string(all.of(0).a) +
+                             " elements, rank " + std::to_string(r) + " has " + std::to_string(all.of(r).a));
+    if (int const r = all.first_other_b(); r >= 0)
+      throw invalid_argument("allreducer: rank " + std::to_string(r) +
+                             "'s configuration differs from rank 0's (compressor parameters, tensor shapes, error "
+                             "feedback, aggregator, non-finite policy or seed)");
   }
 
   // A restore: every rank's checkpoint must be usable and at the same step.
   void agree_on_restore(std::string const& failure, std::uint64_t steps) {
-    int const n = collective_->size();
-    auto const all = gather(steps, 0, failure);
-    for (int r = 0; r < n; ++r)
-      if (all[r].failed != 0)
-        throw checkpoint_error("rank " + std::to_string(r) + " cannot restore its checkpoint (" +
-                               std::string(all[r].why) + "); no rank restored anything");
-    for (int r = 1; r < n; ++r)
-      if (all[r].a != all[0].a)
-        throw checkpoint_error("the ranks' checkpoints are of different steps (rank 0: " + std::to_string(all[0].a) +
-                               ", rank " + std::to_string(r) + ": " + std::to_string(all[r].a) +
-                               "); no rank restored anything");
+    detail::expect_restorable(detail::agreement(*collective_, space_, steps, 0, failure), failure);
   }
 
  public:

@@ -3,6 +3,7 @@
 // own, and a program can take its compressor from its command line.
 #pragma once
 
+#include <gradcomp/reducers/agreement.hpp>
 #include <gradcomp/reducers/allreducer.hpp>
 #include <gradcomp/reducers/compressor_spec.hpp>
 #include <gradcomp/reducers/hierarchical.hpp>
@@ -43,7 +44,8 @@ class any_allreducer {
     } catch (std::exception const& e) {
       failure = e.what();
     }
-    agree(collective, space, failure);
+    detail::expect_none_failed(detail::agreement(collective, space, 0, 0, failure), failure, "any_allreducer",
+                               "this compressor_spec");
     impl_ = visit_compressor(spec, collective.size(), [&](auto c, auto ef) -> std::unique_ptr<base> {
       using reducer = allreducer<decltype(c), decltype(ef), Collective, default_aggregator_t<decltype(c)>, Space>;
       return std::make_unique<model<reducer>>(describe(c), c, collective, std::move(layout), space, options);
@@ -61,15 +63,15 @@ class any_allreducer {
     try {
       (void)visit_compressor(spec, groups.nodes(), [&](auto c, auto) {
         if constexpr (!detail::shards_in_two_levels<decltype(c)>)
-          throw invalid_argument("any_allreducer: " + std::string(decltype(c)::name) +
+          throw invalid_argument(std::string(decltype(c)::name) +
                                  " cannot be sharded across a node's ranks; run it flat, over the world");
         return 0;
       });
     } catch (std::exception const& e) {
       failure = e.what();
     }
-    if (detail::world_max(groups.local, groups.cross, space, failure.empty() ? 0 : 1) != 0)
-      throw invalid_argument(failure.empty() ? "any_allreducer: another rank cannot use this compressor_spec" : failure);
+    detail::expect_none_failed(detail::agreement(groups.local, groups.cross, space, 0, 0, failure), failure,
+                               "any_allreducer", "this compressor_spec");
     impl_ = visit_compressor(spec, groups.nodes(), [&](auto c, auto ef) -> std::unique_ptr<base> {
       using C = decltype(c);
       if constexpr (detail::shards_in_two_levels<C>) {
@@ -168,20 +170,6 @@ class any_allreducer {
       return out;
     }
   };
-
-  // Every rank learns whether any rank failed, and which first.
-  static void agree(Collective& collective, Space const& space, std::string const& failure) {
-    std::uint64_t const mine = failure.empty() ? 0 : static_cast<std::uint64_t>(collective.rank()) + 1;
-    buffer<std::uint64_t, Space> word(1, space);
-    space.from_host(word.data(), &mine, sizeof mine);
-    collective.all_reduce(word.data(), word.data(), 1, reduce_op::max);  // (the last failing rank + 1)
-    std::uint64_t any = 0;
-    space.to_host(&any, word.data(), sizeof any);
-    if (any == 0) return;
-    throw invalid_argument(failure.empty() ? "any_allreducer: rank " + std::to_string(any - 1) +
-                                                 " cannot use this compressor_spec"
-                                           : failure);
-  }
 
   compressor_spec spec_;
   std::unique_ptr<base> impl_;

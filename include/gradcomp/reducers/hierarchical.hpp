@@ -30,6 +30,7 @@
 // together and no shard's state moves alone.
 #pragma once
 
+#include <gradcomp/reducers/agreement.hpp>
 #include <gradcomp/reducers/allreducer.hpp>
 #include <gradcomp/reducers/shards.hpp>
 
@@ -99,16 +100,6 @@ inline bucket_layout tensors_within(bucket_layout const& layout, element_range r
   return out.size() > 0 ? out : bucket_layout(1);
 }
 
-// The largest of every rank's `value`, over a world given as its two levels.
-template <class Collective, class Space>
-std::int64_t world_max(Collective& local, Collective& cross, Space const& space, std::int64_t value) {
-  buffer<std::int64_t, Space> word(1, space);
-  space.from_host(word.data(), &value, sizeof value);
-  local.all_reduce(word.data(), word.data(), 1, reduce_op::max);
-  cross.all_reduce(word.data(), word.data(), 1, reduce_op::max);
-  space.to_host(&value, word.data(), sizeof value);
-  return value;
-}
 }  // namespace detail
 
 /// Splits `world` into nodes, and each rank's rail across them. Nodes are
@@ -258,40 +249,37 @@ class hierarchical_allreducer {
       parts_ = detail::element_parts(d, per_node, detail::shard_alignment(compressor));
     in_place_ = parts_.in_place();
     std::size_t const slot = parts_.slot;
-    std::string failure = d == 0 ? "hierarchical_allreducer: the bucket is empty" : "";
-    std::int64_t const mine =
-        static_cast<std::int64_t>(detail::hash_combine(detail::hash_combine(d, compressor.fingerprint()), type_tag()) >> 1);
-    // The node's ranks must agree before the rails exchange anything.
-    if (detail::world_max(groups.local, groups.cross, space_, mine) !=
-            -detail::world_max(groups.local, groups.cross, space_, -mine) &&
-        failure.empty())
-      failure = "hierarchical_allreducer: ranks disagree on the bucket or the compressor";
-    if (failure.empty()) {
-      try {
-        allreducer_options o = options_.reduce;
-        o.bucket = o.bucket * static_cast<std::uint64_t>(per_node) + static_cast<std::uint64_t>(groups.local.rank());
-        auto const local_rank = static_cast<std::size_t>(groups.local.rank());
-        if constexpr (detail::shards_by_tensors<Compressor>)
-          inner_.emplace(std::move(compressor), rail_, detail::tensors_within(layout_, parts_.of_rank[local_rank]),
-                         space_, o);
-        else
-          inner_.emplace(std::move(compressor), rail_, bucket_layout(slot), space_, o);
-        std::size_t const padded = slot * static_cast<std::size_t>(per_node);
-        whole_ = buffer<Gradient, Space>(padded, space_);
-        part_ = buffer<float, Space>(slot, space_);
-        if (options_.bf16_within_node)  // the node's sum, after the bucket in bf16 unless it is already
-          narrow_ = buffer<bfloat16, Space>(std::is_same_v<Gradient, bfloat16> ? slot : slot + padded, space_);
-        else if (!wide)
-          widened_ = buffer<float, Space>(padded, space_);
-        if (!wide) rounded_ = buffer<Gradient, Space>(slot, space_);
-      } catch (std::exception const& e) {
-        failure = "hierarchical_allreducer: across " + std::to_string(nodes) + " nodes of " +
-                  std::to_string(per_node) + " ranks (lanes sum one value per node): " + e.what();
-      }
+    // The world's ranks must agree before the rails exchange anything; each
+    // sees every rank's statement, so all throw here or none does.
+    if (std::string const why = disagreement(
+            detail::agreement(groups.local, groups.cross, space_, d,
+                              detail::hash_combine(compressor.fingerprint(), type_tag()), d == 0 ? "the bucket is empty" : ""));
+        !why.empty())
+      throw invalid_argument(why);
+    std::string failure;
+    try {
+      allreducer_options o = options_.reduce;
+      o.bucket = o.bucket * static_cast<std::uint64_t>(per_node) + static_cast<std::uint64_t>(groups.local.rank());
+      auto const local_rank = static_cast<std::size_t>(groups.local.rank());
+      if constexpr (detail::shards_by_tensors<Compressor>)
+        inner_.emplace(std::move(compressor), rail_, detail::tensors_within(layout_, parts_.of_rank[local_rank]),
+                       space_, o);
+      else
+        inner_.emplace(std::move(compressor), rail_, bucket_layout(slot), space_, o);
+      std::size_t const padded = slot * static_cast<std::size_t>(per_node);
+      whole_ = buffer<Gradient, Space>(padded, space_);
+      part_ = buffer<float, Space>(slot, space_);
+      if (options_.bf16_within_node)  // the node's sum, after the bucket in bf16 unless it is already
+        narrow_ = buffer<bfloat16, Space>(std::is_same_v<Gradient, bfloat16> ? slot : slot + padded, space_);
+      else if (!wide)
+        widened_ = buffer<float, Space>(padded, space_);
+      if (!wide) rounded_ = buffer<Gradient, Space>(slot, space_);
+    } catch (std::exception const& e) {
+      failure = "across " + std::to_string(nodes) + " nodes of " +
+                std::to_string(per_node) + " ranks (lanes sum one value per node): " + e.what();
     }
-    if (detail::world_max(groups.local, groups.cross, space_, failure.empty() ? 0 : 1) != 0)
-      throw invalid_argument(failure.empty() ? "hierarchical_allreducer: another rank cannot use this configuration"
-                                             : failure);
+    detail::expect_none_failed(detail::agreement(groups.local, groups.cross, space_, 0, 0, failure), failure,
+                               "hierarchical_allreducer", "this configuration");
     space_.fill_zero(whole_.data(), whole_.size() * sizeof(Gradient));
   }
 
@@ -420,18 +408,28 @@ class hierarchical_allreducer {
       failure = e.what();
     }
     auto& g = *groups_;
-    std::int64_t const steps = failure.empty() ? static_cast<std::int64_t>(c.steps) : 0;
-    bool const any_failed = detail::world_max(g.local, g.cross, space_, failure.empty() ? 0 : 1) != 0;
-    if (any_failed)
-      throw checkpoint_error(failure.empty() ? "another rank cannot restore its checkpoint; no rank restored anything"
-                                             : failure + "; no rank restored anything");
-    if (detail::world_max(g.local, g.cross, space_, steps) != -detail::world_max(g.local, g.cross, space_, -steps))
-      throw checkpoint_error("the ranks' checkpoints are of different steps; no rank restored anything");
+    detail::expect_restorable(detail::agreement(g.local, g.cross, space_, failure.empty() ? c.steps : 0, 0, failure),
+                              failure);
     inner_->restore(c);
   }
   /// @}
 
  private:
+  // Why the world cannot set up this bucket, as every rank sees it ("" if
+  // it can): a rank that failed, or one whose bucket or compressor differs
+  // from rank 0's.
+  static std::string disagreement(detail::agreement const& all) {
+    if (int const r = all.first_failed(); r >= 0)
+      return "hierarchical_allreducer: rank " + std::to_string(r) + " cannot use this configuration: " + all.why(r);
+    if (int const r = all.first_other_a(); r >= 0)
+      return "hierarchical_allreducer: ranks disagree on the bucket size: rank 0 has " + std::to_string(all.of(0).a) +
+             " elements, rank " + std::to_string(r) + " has " + std::to_string(all.of(r).a);
+    if (int const r = all.first_other_b(); r >= 0)
+      return "hierarchical_allreducer: rank " + std::to_string(r) +
+             "'s compressor, its parameters or the gradients' type differ from rank 0's";
+    return "";
+  }
+
   // The bucket in slots, for a reduce-scatter whose slots are not where the
   // parts are in the bucket (runs of tensors): each part, then zeros.
   Gradient* pack(span<Gradient, memory> gradient) {

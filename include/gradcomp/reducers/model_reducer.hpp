@@ -3,6 +3,7 @@
 // bucket.
 #pragma once
 
+#include <gradcomp/reducers/agreement.hpp>
 #include <gradcomp/reducers/any_allreducer.hpp>
 
 #include <algorithm>
@@ -249,22 +250,10 @@ class model_reducer {
     } catch (checkpoint_error const& e) {
       failure = e.what();
     }
-    // One agreement for every bucket: who failed, and the step range.
-    std::uint64_t words[3] = {failure.empty() ? 0 : static_cast<std::uint64_t>(world_rank()) + 1,
-                              failure.empty() ? steps : 0, failure.empty() ? ~steps : 0};
-    buffer<std::uint64_t, Space> exchange(3, space_);
-    space_.from_host(exchange.data(), words, sizeof words);
-    collective_->all_reduce(exchange.data(), exchange.data(), 3, reduce_op::max);
-    if (groups_) groups_->cross.all_reduce(exchange.data(), exchange.data(), 3, reduce_op::max);  // over the world
-    space_.to_host(words, exchange.data(), sizeof words);
-    if (words[0] != 0)
-      throw checkpoint_error(!failure.empty() ? "rank " + std::to_string(world_rank()) +
-                                                    " cannot restore its checkpoint (" + failure +
-                                                    "); no rank restored anything"
-                                              : "rank " + std::to_string(words[0] - 1) +
-                                                    " cannot restore its checkpoint; no rank restored anything");
-    if (words[1] != ~words[2])
-      throw checkpoint_error("the ranks' checkpoints are of different steps; no rank restored anything");
+    // One agreement for every bucket, over the world.
+    detail::expect_restorable(groups_ ? detail::agreement(groups_->local, groups_->cross, space_, steps, 0, failure)
+                                      : detail::agreement(*collective_, space_, steps, 0, failure),
+                              failure);
     for (std::size_t b = 0; b < reducers_.size(); ++b) reducers_[b]->restore(parsed[b]);
   }
   /// @}

@@ -1,0 +1,124 @@
+// How ranks agree before they act together (construction, a restore): every
+// rank gathers every rank's statement (two numbers, and whether and why it
+// failed) and reaches the same verdict. So all ranks throw together or none
+// does: no rank is left waiting in a collective its peers gave up on, and
+// every rank's error names the rank at fault and its reason.
+#pragma once
+
+#include <gradcomp/error.hpp>
+#include <gradcomp/execution.hpp>
+#include <gradcomp/pipeline/checkpoint.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace gradcomp::inline GRADCOMP_ABI::detail {
+
+/// Every rank's statement, on every rank, in world rank order.
+class agreement {
+ public:
+  /// What one rank says.
+  struct statement {
+    std::uint64_t a, b;  ///< Two numbers the ranks compare (a bucket size, a hash, a step).
+    std::uint64_t failed;
+    char why[232];  ///< Why it failed (cut to fit).
+  };
+  static_assert(sizeof(statement) == 256);
+
+  /// Gathers (a, b, failure) from every rank of `world`; `failure` empty
+  /// means this rank can go on. Collective.
+  template <class Collective, class Space>
+  agreement(Collective& world, Space const& space, std::uint64_t a, std::uint64_t b, std::string const& failure)
+      : all_(static_cast<std::size_t>(world.size())), self_(world.rank()) {
+    buffer<std::uint8_t, Space> exchange((all_.size() + 1) * sizeof(statement), space);
+    put(space, exchange.data(), a, b, failure);
+    world.all_gather(exchange.data(), exchange.data() + sizeof(statement), sizeof(statement));
+    space.to_host(all_.data(), exchange.data() + sizeof(statement), all_.size() * sizeof(statement));
+  }
+
+  /// The same over a world given as its two levels: this rank's node
+  /// (`local`), and its rail across the nodes (`cross`). World rank r is
+  /// local rank r % L of node r / L (as split_nodes numbers them).
+  template <class Collective, class Space>
+  agreement(Collective& local, Collective& cross, Space const& space, std::uint64_t a, std::uint64_t b,
+            std::string const& failure)
+      : all_(static_cast<std::size_t>(local.size()) * static_cast<std::size_t>(cross.size())),
+        self_(cross.rank() * local.size() + local.rank()) {
+    std::size_t const node = static_cast<std::size_t>(local.size()) * sizeof(statement);
+    buffer<std::uint8_t, Space> exchange(sizeof(statement) + node + all_.size() * sizeof(statement), space);
+    std::uint8_t* const nodes = exchange.data() + sizeof(statement) + node;
+    put(space, exchange.data(), a, b, failure);
+    local.all_gather(exchange.data(), exchange.data() + sizeof(statement), sizeof(statement));
+    cross.all_gather(exchange.data() + sizeof(statement), nodes, node);
+    space.to_host(all_.data(), nodes, all_.size() * sizeof(statement));
+  }
+
+  /// Ranks that took part.
+  int ranks() const { return static_cast<int>(all_.size()); }
+  /// This rank's place among them.
+  int self() const { return self_; }
+  /// Rank r's statement.
+  statement const& of(int r) const { return all_[static_cast<std::size_t>(r)]; }
+  /// The first rank that failed, or -1.
+  int first_failed() const {
+    for (std::size_t r = 0; r < all_.size(); ++r)
+      if (all_[r].failed != 0) return static_cast<int>(r);
+    return -1;
+  }
+  /// The first rank whose `a` differs from rank 0's, or -1.
+  int first_other_a() const { return first_other(&statement::a); }
+  /// The first rank whose `b` differs from rank 0's, or -1.
+  int first_other_b() const { return first_other(&statement::b); }
+  /// Why rank r failed.
+  std::string why(int r) const { return of(r).why; }
+
+ private:
+  template <class Space>
+  static void put(Space const& space, std::uint8_t* to, std::uint64_t a, std::uint64_t b, std::string const& failure) {
+    statement mine{};
+    mine.a = a;
+    mine.b = b;
+    mine.failed = failure.empty() ? 0 : 1;
+    std::memcpy(mine.why, failure.data(), std::min(failure.size(), sizeof mine.why - 1));
+    space.from_host(to, &mine, sizeof mine);
+  }
+  int first_other(std::uint64_t statement::*field) const {
+    for (std::size_t r = 1; r < all_.size(); ++r)
+      if (all_[r].*field != all_[0].*field) return static_cast<int>(r);
+    return -1;
+  }
+
+  std::vector<statement> all_;
+  int self_;
+};
+
+/// The verdict on a set-up: if any rank failed, throws invalid_argument on
+/// every rank, "WHO: rank r cannot use WHAT: why". `mine` is this rank's own
+/// failure: a rank that failed reports its own reason whole (the agreement
+/// cuts them), the others the first failed rank's.
+inline void expect_none_failed(agreement const& all, std::string const& mine, std::string const& who,
+                               std::string const& what) {
+  if (int const r = mine.empty() ? all.first_failed() : all.self(); r >= 0)
+    throw invalid_argument(who + ": rank " + std::to_string(r) + " cannot use " + what + ": " +
+                           (mine.empty() ? all.why(r) : mine));
+}
+
+/// The verdict on a restore whose statements carry each rank's step in `a`:
+/// unless every rank can restore its checkpoint and all are of one step,
+/// throws checkpoint_error on every rank. `mine` is this rank's own failure:
+/// a rank that failed reports its own reason whole (the agreement cuts them),
+/// the others the first failed rank's.
+inline void expect_restorable(agreement const& all, std::string const& mine) {
+  if (int const r = mine.empty() ? all.first_failed() : all.self(); r >= 0)
+    throw checkpoint_error("rank " + std::to_string(r) + " cannot restore its checkpoint (" +
+                           (mine.empty() ? all.why(r) : mine) + "); no rank restored anything");
+  if (int const r = all.first_other_a(); r >= 0)
+    throw checkpoint_error("the ranks' checkpoints are of different steps (rank 0: " + std::to_string(all.of(0).a) +
+                           ", rank " + std::to_string(r) + ": " + std::to_string(all.of(r).a) +
+                           "); no rank restored anything");
+}
+
+}  // namespace gradcomp::inline GRADCOMP_ABI::detail
