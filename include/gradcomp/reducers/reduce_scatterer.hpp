@@ -8,7 +8,7 @@
 // padded bucket, error feedback included, with one difference: a payload
 // aligned with the elements (the 16- and 32-bit casts, both QSGDs, THC's
 // levels) travels by one reduce-scatter instead of an all-reduce, half the
-// bytes, and the casts and QSGDs decode only the shard. Payloads that are
+// bytes, and the casts, QSGDs and THC decode only the shard. Payloads that are
 // small already (TopK-Chunked's agreed chunks, GlobalRandK's values) and
 // IntSGD's (its running norm needs every summed code) are all-reduced as
 // before. Each rank's shard is that slice of the all-reduce path: bitwise

@@ -242,21 +242,27 @@ struct thc_decode {
   }
 };
 
-/// Runs f.block(b, buffer) for every rotation block on the host, in
-/// parallel, while `when` is open.
+/// Rotation blocks first, first + 1, ..., end - 1 of a bucket.
+struct block_range {
+  std::size_t first, end;
+  std::size_t size() const { return end - first; }
+};
+
+/// Runs f.block(b, buffer) for every rotation block b of `blocks` on the
+/// host, in parallel, while `when` is open.
 template <class F>
-void for_each_block(host_space const& space, std::size_t blocks, std::size_t block_size, F const& f, gate when = {}) {
+void for_each_block(host_space const& space, block_range blocks, std::size_t block_size, F const& f, gate when = {}) {
   gate_state const state = read_gate(when);
   if (state == gate_state::poisoned) {
     if constexpr (requires { f.poison(); }) f.poison();
   }
   if (state != gate_state::open) return;
-  [[maybe_unused]] int const threads = space.threads_for(blocks * block_size);
+  [[maybe_unused]] int const threads = space.threads_for(blocks.size() * block_size);
   GRADCOMP_OMP(parallel num_threads(threads)) {
     alignas(64) float buffer[4096], signs[4096], accs[4096];  // the largest rotation block
     uint4x32 noise[4096 / 4 + 1];
     GRADCOMP_OMP(for schedule(static))
-    for (std::size_t b = 0; b < blocks; ++b) f.block(b, buffer, signs, accs, noise);
+    for (std::size_t b = blocks.first; b < blocks.end; ++b) f.block(b, buffer, signs, accs, noise);
   }
 }
 
@@ -268,7 +274,7 @@ struct thc_device {
 
 #if GRADCOMP_HAS_CUDA
 template <class F>
-void for_each_block(cuda_space const& space, std::size_t blocks, std::size_t block_size, F const& f, gate when = {}) {
+void for_each_block(cuda_space const& space, block_range blocks, std::size_t block_size, F const& f, gate when = {}) {
   thc_device<cuda_kernels_tag, F>::for_each_block(space, blocks, block_size, f, when);
 }
 #endif

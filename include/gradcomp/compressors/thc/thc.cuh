@@ -108,11 +108,11 @@ __device__ void thc_run_block(thc_decode<Lane, G> const f, std::size_t b, float*
 }
 
 template <class F>
-__global__ void __launch_bounds__(thc_threads) thc_blocks_kernel(std::size_t blocks, F f, gate when) {
+__global__ void __launch_bounds__(thc_threads) thc_blocks_kernel(block_range blocks, F f, gate when) {
   extern __shared__ float memory[];
   gate_state const state = read_gate(when);
   if (state == gate_state::closed) return;
-  for (std::size_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+  for (std::size_t b = blocks.first + blockIdx.x; b < blocks.end; b += gridDim.x) {
     thc_run_block(f, b, memory, state);
     __syncthreads();
   }
@@ -431,7 +431,7 @@ __device__ __forceinline__ void thc_poison_run(thc_decode<Lane, G> const& f, std
 /// 256 threads; each group of B / E threads takes one rotation block at a
 /// time, the thread block striding over the bucket's blocks.
 template <std::size_t B, bool Table, class F>
-__global__ void __launch_bounds__(thc_threads) thc_register_kernel(std::size_t blocks, F f, gate when) {
+__global__ void __launch_bounds__(thc_threads) thc_register_kernel(block_range blocks, F f, gate when) {
   using run = thc_lane_block<B>;
   __shared__ __align__(16) float exchange[thc_threads * run::E];
   gate_state const state = read_gate(when);
@@ -439,9 +439,10 @@ __global__ void __launch_bounds__(thc_threads) thc_register_kernel(std::size_t b
   constexpr std::size_t per_thread_block = thc_threads / run::threads;
   run r;
   r.t = threadIdx.x % run::threads;
-  for (std::size_t base = blockIdx.x * per_thread_block; base < blocks; base += gridDim.x * per_thread_block) {
+  for (std::size_t base = blocks.first + blockIdx.x * per_thread_block; base < blocks.end;
+       base += gridDim.x * per_thread_block) {
     std::size_t const b = base + threadIdx.x / run::threads;
-    bool const valid = b < blocks;
+    bool const valid = b < blocks.end;
     r.first = b * B + r.t * run::E;
     if (state == gate_state::poisoned) {  // a vetoed step under propagate: NaN (no stage runs, so no barrier)
       if (valid) thc_poison_run(f, r.first, run::E);
@@ -452,10 +453,10 @@ __global__ void __launch_bounds__(thc_threads) thc_register_kernel(std::size_t b
 }
 
 template <std::size_t B, class F>
-void thc_launch_registers(cuda_space const& space, std::size_t blocks, F const& f, gate when) {
+void thc_launch_registers(cuda_space const& space, block_range blocks, F const& f, gate when) {
   constexpr std::size_t per_thread_block = thc_threads / thc_lane_block<B>::threads;
-  unsigned const grid =
-      static_cast<unsigned>(std::min<std::size_t>((blocks + per_thread_block - 1) / per_thread_block, 65535));
+  unsigned const grid = static_cast<unsigned>(
+      std::min<std::size_t>((blocks.size() + per_thread_block - 1) / per_thread_block, 65535));
   if (f.p.codec.table)
     thc_register_kernel<B, true><<<grid, thc_threads, 0, space.stream>>>(blocks, f, when);
   else
@@ -464,9 +465,9 @@ void thc_launch_registers(cuda_space const& space, std::size_t blocks, F const& 
 
 template <class F>
 struct thc_device<cuda_kernels_tag, F> {
-  static void for_each_block(cuda_space const& space, std::size_t blocks, std::size_t block_size, F const& f,
+  static void for_each_block(cuda_space const& space, block_range blocks, std::size_t block_size, F const& f,
                              gate when) {
-    if (blocks == 0) return;
+    if (blocks.size() == 0) return;
     switch (block_size) {
       case 256:
         thc_launch_registers<256>(space, blocks, f, when);
@@ -484,7 +485,7 @@ struct thc_device<cuda_kernels_tag, F> {
         thc_launch_registers<4096>(space, blocks, f, when);
         break;
       default: {  // small blocks: one thread block each, in shared memory
-        unsigned const grid = static_cast<unsigned>(std::min<std::size_t>(blocks, 65535));
+        unsigned const grid = static_cast<unsigned>(std::min<std::size_t>(blocks.size(), 65535));
         thc_blocks_kernel<<<grid, thc_threads, thc_shared_bytes(block_size), space.stream>>>(blocks, f, when);
       }
     }

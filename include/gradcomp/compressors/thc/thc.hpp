@@ -19,7 +19,8 @@
 //      block's buffer: g and e are read once).
 //   3. all-reduce(sum) of the lane values in the Lane type.
 //   4. decode pass, one block at a time [reads levels; writes g]: mean value
-//      -> z -> inverse rotation -> scale back -> output.
+//      -> z -> inverse rotation -> scale back -> output (on a reduce-scatter
+//      step, only the blocks of this rank's shard).
 // Wire bytes: padded d x sizeof(Lane) + 8 per group. A lane must hold the
 // sum of n ranks' values: n x top <= max(Lane), checked at construction.
 #pragma once
@@ -29,6 +30,7 @@
 #include <gradcomp/detail/hash.hpp>
 #include <gradcomp/pipeline/compressor.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -180,9 +182,14 @@ struct thc {
         ctx.random(seed, random_purpose::rotation_signs, random_stream::shared),
         ctx.random(seed, random_purpose::rounding, ctx.own_lane()),
         static_cast<float>(2.0 * clamp_value() / (static_cast<double>(top()) * ctx.ranks()))};
-    detail::for_each_block(space, blocks, block, detail::thc_encode<Lane, EF, G>{p, gradient.data(), ef, ws.levels.data()});
-    ctx.aggregate_elementwise(ws.levels, ws.scratch);  // (the decode still rotates every block)
-    detail::for_each_block(space, blocks, block, detail::thc_decode<Lane, G>{p, ws.levels.data(), gradient.data()},
+    detail::for_each_block(space, {0, blocks}, block,
+                           detail::thc_encode<Lane, EF, G>{p, gradient.data(), ef, ws.levels.data()});
+    ctx.aggregate_elementwise(ws.levels, ws.scratch);
+    // Only the blocks of the output range: a reduce-scatter step's shard
+    // starts and ends on whole rotation blocks (shard_alignment).
+    auto const [first, count] = ctx.output_range();
+    detail::block_range const out{first / block, std::min(blocks, (first + count + block - 1) / block)};
+    detail::for_each_block(space, out, block, detail::thc_decode<Lane, G>{p, ws.levels.data(), gradient.data()},
                            ctx.output_gate());
   }
 };
