@@ -211,3 +211,49 @@ TEST_CASE("a reduce-scatter run saved and restored continues bitwise; an all-red
     CHECK(same_bytes(whole[r].data(), resumed[r].data(), whole[r].size()));
   }
 }
+
+TEST_CASE("any_reduce_scatterer gives bitwise the typed reduce_scatterer's shards, and refuses on every rank") {
+  for (char const* text : {"bf16", "fp16:ef=on", "thc:bits=4,block=256", "topkc:fraction=0.1,chunk=64", "qsgd"}) {
+    local_group::run(3, [&](local_group::communicator& world) {
+      compressor_spec const spec = compressor_spec::parse(text);
+      std::uint64_t const seed = shared_seed(world);
+      INFO(text << ", seed " << seed);
+      any_reduce_scatterer<local_group::communicator, host_space> chosen(spec, world, odd_layout(4), host_space{});
+      visit_compressor(spec, world.size(), [&](auto c, auto ef) {
+        using C = decltype(c);
+        if constexpr (detail::shards_by_elements<C>) {
+          reduce_scatterer<C, decltype(ef), local_group::communicator, host_space> typed(c, world, odd_layout(4),
+                                                                                      host_space{});
+          REQUIRE(chosen.shard_size() == typed.shard_size());
+          CHECK(chosen.shard_offset() == typed.shard_offset());
+          CHECK(chosen.fingerprint() == typed.fingerprint());
+          std::size_t const d = typed.layout().size();
+          for (int step = 0; step < 3; ++step) {
+            auto g = random_gradient(seed + step, world.rank(), d), h = g;
+            std::vector<float> a(typed.shard_size(), std::nanf("")), b(typed.shard_size(), -1.0f);
+            chosen({g.data(), d}, {a.data(), a.size()});
+            typed({h.data(), d}, {b.data(), b.size()});
+            CHECK(same_bytes(a.data(), b.data(), a.size()));
+          }
+          CHECK(chosen.wire_bytes() == typed.wire_bytes());
+          CHECK(chosen.steps() == 3);
+        }
+        return 0;
+      });
+    });
+  }
+  local_group::run(3, [](local_group::communicator& world) {
+    for (char const* text : {"powersgd", "topk"})  // their payloads cannot be cut into shards
+      CHECK_THROWS_WITH_AS(
+          (any_reduce_scatterer<local_group::communicator, host_space>(compressor_spec::parse(text), world,
+                                                                       bucket_layout(4096), host_space{})),
+          doctest::Contains("cannot reduce-scatter"), invalid_argument);
+    compressor_spec spec = compressor_spec::parse("thc");
+    if (world.rank() == 1) spec.name = "thc2";  // a spec only one rank rejects
+    CHECK_THROWS_WITH_AS((any_reduce_scatterer<local_group::communicator, host_space>(spec, world, bucket_layout(4096),
+                                                                                      host_space{})),
+                         doctest::Contains("rank 1 cannot use this compressor_spec: compressor_spec: unknown compressor "
+                                           "'thc2'"),
+                         invalid_argument);
+  });
+}

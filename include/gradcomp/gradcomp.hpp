@@ -52,6 +52,7 @@
 // chosen at run time
 #include <gradcomp/reducers/allreducer.hpp>
 #include <gradcomp/reducers/any_allreducer.hpp>
+#include <gradcomp/reducers/any_reduce_scatterer.hpp>
 #include <gradcomp/reducers/compressor_spec.hpp>
 #include <gradcomp/reducers/hierarchical.hpp>
 #include <gradcomp/reducers/model_reducer.hpp>
