@@ -85,6 +85,18 @@ train::options small_run(std::string const& compressor) {
   return o;
 }
 
+// The run `o`, saved to `file` at step 40 and resumed from there.
+train::result resumed_at_40(train::options const& o, std::filesystem::path const& file) {
+  train::options first = o;
+  first.max_steps = 40;
+  first.checkpoint = file.string();
+  first.checkpoint_every = 40;
+  run_local(first);
+  train::options second = o;
+  second.resume = first.checkpoint;
+  return run_local(second);
+}
+
 }  // namespace
 
 TEST_CASE("overlap, 16-bit gradients and checkpoints in the training loop") {
@@ -104,14 +116,7 @@ TEST_CASE("overlap, 16-bit gradients and checkpoints in the training loop") {
       CHECK(run_local(off).weights_hash == whole.weights_hash);
     }
     SUBCASE("a run resumed from a checkpoint ends with the same bits and records") {
-      train::options first = o;
-      first.max_steps = 40;
-      first.checkpoint = (dir / compressor).string();
-      first.checkpoint_every = 40;
-      run_local(first);
-      train::options second = o;
-      second.resume = first.checkpoint;
-      auto const resumed = run_local(second);
+      auto const resumed = resumed_at_40(o, dir / compressor);
       CHECK(resumed.weights_hash == whole.weights_hash);
       REQUIRE(resumed.records.size() == 2);  // steps 80 and 120
       for (std::size_t i = 0; i < 2; ++i) {
@@ -150,6 +155,47 @@ TEST_CASE("overlap, 16-bit gradients and checkpoints in the training loop") {
     CHECK_THROWS_WITH(run_local(o), doctest::Contains("configuration"));
   }
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a sharded optimizer updates each rank's shard and all-gathers the weights: the replicated run's bits") {
+  openblas_set_num_threads(1);
+  for (std::string compressor : {"fp32", "bf16"}) {  // element-wise means: reduce-scatter gives the same bits
+    INFO(compressor);
+    train::options o = small_run(compressor);
+    o.overlap = false;
+    auto const replicated = run_local(o);
+    o.shard_optimizer = true;
+    o.check_replicas = true;  // the all-gathered weights are every rank's, bitwise
+    auto const sharded = run_local(o);
+    CHECK(sharded.weights_hash == replicated.weights_hash);
+    REQUIRE(sharded.records.size() == replicated.records.size());
+    for (std::size_t i = 0; i < sharded.records.size(); ++i) {
+      CHECK(sharded.records[i].loss == replicated.records[i].loss);
+      CHECK(sharded.records[i].test_accuracy == replicated.records[i].test_accuracy);
+    }
+    // The gradients' reduce-scatter sends about half the all-reduce's bytes;
+    // the weights' all-gather sends fp32.
+    CHECK(sharded.wire_bytes_per_step > replicated.wire_bytes_per_step / 2);
+  }
+  auto const dir = std::filesystem::temp_directory_path() / ("gradcomp_shard_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  for (std::string compressor : {"thc", "topkc"}) {  // compressed, with error feedback: learns, and resumes
+    INFO(compressor);
+    train::options o = small_run(compressor);
+    o.overlap = false;
+    auto const replicated = run_local(o);
+    o.shard_optimizer = true;
+    o.check_replicas = true;
+    auto const sharded = run_local(o);
+    REQUIRE(sharded.records.size() == 3);
+    CHECK(sharded.records.back().loss < 0.75 * sharded.records.front().loss);
+    CHECK(sharded.records.back().test_accuracy > replicated.records.back().test_accuracy - 0.05);
+    CHECK(resumed_at_40(o, dir / compressor).weights_hash == sharded.weights_hash);
+  }
+  std::filesystem::remove_all(dir);
+  train::options o = small_run("powersgd");
+  o.shard_optimizer = true;
+  CHECK_THROWS_WITH(run_local(o), doctest::Contains("powersgd cannot reduce-scatter"));
 }
 
 TEST_CASE("the IDX loader refuses missing, truncated and corrupt files with a clear message") {

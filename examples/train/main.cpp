@@ -73,6 +73,9 @@ char const* const flags = R"(usage: train [flags]
   --min-compress N     buckets of fewer elements, and biases, travel as bf16 (4096)
   --ranks-per-node N   hierarchical: nodes of N consecutive ranks, compressed across nodes only (0: flat)
   --node-dtype T       hierarchical: reduce-scatter inside the node in fp32 (default) or bf16
+  --shard-optimizer    sharded optimizer (ZeRO-2): each bucket is reduce-scattered, each rank updates its shard
+                       of the weights and momentum, then the ranks all-gather the weights (local and mpi; not
+                       powersgd or topk, whose payloads cannot be cut into shards)
   --checkpoint PATH    save the run (weights, momentum, reducer state) to PATH.rank<r> ...
   --checkpoint-every N ... every N steps
   --resume PATH        continue the run saved at PATH (same flags otherwise)
@@ -155,6 +158,8 @@ cli parse(int argc, char** argv) {
       if (t != "fp32" && t != "bf16") usage("--node-dtype takes fp32 or bf16, not '" + t + "'");
       c.o.bf16_within_node = t == "bf16";
     }
+    else if (flag == "--shard-optimizer")
+      c.o.shard_optimizer = true;
     else if (flag == "--checkpoint")
       c.o.checkpoint = value();
     else if (flag == "--checkpoint-every")
@@ -210,6 +215,8 @@ cli parse(int argc, char** argv) {
   if (c.o.checkpoint_every > 0 && c.o.checkpoint.empty()) usage("--checkpoint-every needs --checkpoint PATH");
   if (!c.o.checkpoint.empty() && c.o.checkpoint_every == 0) usage("--checkpoint needs --checkpoint-every N");
   if (c.o.bucket_kb == 0) usage("--bucket-kb must be at least 1");
+  if (c.o.shard_optimizer && c.o.ranks_per_node > 0) usage("--shard-optimizer reduce-scatters flat: no --ranks-per-node");
+  if (c.o.shard_optimizer && c.backend == "nccl") usage("--shard-optimizer runs on the local and mpi backends");
   return c;
 }
 
@@ -229,10 +236,12 @@ void report(cli const& c, int ranks, train::result const& r) {
   std::string const to_target = r.time_to_target < 0 ? "not-reached" : std::to_string(r.time_to_target);
   std::string const steps_to = r.steps_to_target == 0 ? "not-reached" : std::to_string(r.steps_to_target);
   std::printf(
-      "summary: compressor=%s ranks=%d ranks_per_node=%d backend=%s overlap=%s grad_dtype=%s target=%.3f time_to_target_s=%s "
+      "summary: compressor=%s ranks=%d ranks_per_node=%d backend=%s overlap=%s grad_dtype=%s optimizer=%s target=%.3f "
+      "time_to_target_s=%s "
       "steps_to_target=%s final_accuracy=%.4f steps=%zu wire_bytes_per_step=%zu compress_share=%.3f "
       "exposed_share=%.3f weights=%016llx\n",
-      name.c_str(), ranks, c.o.ranks_per_node, c.backend.c_str(), c.o.overlap ? "on" : "off", c.o.grad_dtype.c_str(), c.o.target,
+      name.c_str(), ranks, c.o.ranks_per_node, c.backend.c_str(), c.o.overlap ? "on" : "off", c.o.grad_dtype.c_str(),
+      c.o.shard_optimizer ? "sharded" : "replicated", c.o.target,
       to_target.c_str(), steps_to.c_str(), last.test_accuracy, last.step, r.wire_bytes_per_step,
       last.wall_s > 0 ? last.compress_s / last.wall_s : 0.0, last.wall_s > 0 ? last.exposed_s / last.wall_s : 0.0,
       static_cast<unsigned long long>(r.weights_hash));

@@ -43,6 +43,7 @@ struct options {
   std::size_t min_compression = 4096;            ///< Smaller buckets and 1-D tensors travel as bf16.
   int ranks_per_node = 0;                        ///< Hierarchical: nodes of this many ranks (0: flat).
   bool bf16_within_node = false;                 ///< Hierarchical: reduce-scatter inside the node in bf16.
+  bool shard_optimizer = false;                  ///< Reduce-scatter; each rank updates its shard (sharded_reducer).
   std::string checkpoint;                        ///< Save here (one file per rank: PATH.rank<r>) ...
   std::size_t checkpoint_every = 0;              ///< ... every this many steps (0: never).
   std::string resume;                            ///< Resume from this checkpoint (PATH, as saved).
@@ -132,6 +133,13 @@ class reducer {
   virtual std::vector<std::byte> save() = 0;
   /// Restores what save() wrote (collective).
   virtual void restore(std::vector<std::byte> const& bytes) = 0;
+  /// The runs of a model of `d` parameters whose mean finish() writes, and
+  /// whose weights and momentum this rank updates: all of it, unless the
+  /// optimizer is sharded.
+  virtual std::vector<gradcomp::element_range> owned(std::size_t d) const { return {{0, d}}; }
+  /// After this rank updated its owned weights: gives every rank the others'
+  /// (collective; nothing to do unless the optimizer is sharded).
+  virtual void share(float* /*weights*/) {}
 };
 
 /// Makes the reducer for a model's parameter layout.
@@ -213,11 +221,193 @@ class host_reducer : public reducer {
   double busy_ = 0;
 };
 
+/// A sharded optimizer's reductions (ZeRO-2, FSDP's SHARD_GRAD_OP): each
+/// bucket's gradient is reduce-scattered through the compressor, so a rank
+/// receives the mean of its shard only and updates only that shard's weights
+/// and momentum; the ranks then all-gather the updated weights in fp32, so
+/// every replica holds the same bits. Buckets are made as model_reducer makes
+/// them (backward order; 1-D tensors and small buckets in bf16), and each is
+/// reduced once its last gradient is ready, on the training thread.
+template <class Collective, gradcomp::gradient_element G>
+class sharded_reducer : public reducer {
+  using timed = timed_collective<Collective>;
+  using scatterer = gradcomp::any_reduce_scatterer<timed, gradcomp::host_space, G>;
+
+ public:
+  sharded_reducer(options const& o, Collective& comm, gradcomp::bucket_layout const& layout)
+      : layout_(layout), timed_(comm) {
+    gradcomp::host_space const one{.threads = 1};  // the ranks are the threads
+    auto const& tensors = layout.tensors();
+    bucket_of_.resize(tensors.size());
+    // Buckets in backward order: matrices up to the cap, vectors on their own.
+    std::size_t constexpr none = ~std::size_t{0};
+    std::size_t open[2] = {none, none};  // the open bucket of matrices, and of vectors
+    for (std::size_t t : backward_order(layout)) {
+      int const kind = tensors[t].shape.size() <= 1 ? 1 : 0;
+      if (open[kind] == none) open[kind] = buckets_.size(), buckets_.emplace_back();
+      bucket& b = buckets_[open[kind]];
+      bucket_of_[t] = open[kind];
+      b.tensors.push_back(t);
+      b.offsets.push_back(b.layout.size());
+      b.layout.add(tensors[t].shape);
+      if (kind == 0 && b.layout.size() * sizeof(G) >= (o.bucket_kb << 10)) open[kind] = none;
+    }
+    gradcomp::model_reducer_options const plan = o.reducer_options();
+    for (std::size_t i = 0; i < buckets_.size(); ++i) {
+      bucket& b = buckets_[i];
+      bool const vectors = tensors[b.tensors.front()].shape.size() <= 1;
+      auto const spec = !vectors && b.layout.size() >= o.min_compression ? plan.compressor : plan.small;
+      gradcomp::allreducer_options r = plan.reduce;
+      r.bucket = i;
+      b.scatter = std::make_unique<scatterer>(spec, timed_, b.layout, one, r);
+      b.values.resize(b.layout.size());
+      b.shard.resize(b.scatter->shard_size());
+      b.slot = b.scatter->shard_size(0);
+      b.gathered.resize(b.slot * static_cast<std::size_t>(comm.size()));
+      b.waiting = b.tensors.size();
+    }
+  }
+
+  void ready(std::size_t tensor, float const* values) override {
+    bucket& b = buckets_[bucket_of_[tensor]];
+    std::size_t const at = b.offsets[position(b, tensor)];
+    std::size_t const n = layout_.tensors()[tensor].elements;
+    for (std::size_t i = 0; i < n; ++i) b.values[at + i] = G(values[i]);
+    if (--b.waiting > 0) return;
+    auto const start = std::chrono::steady_clock::now();
+    (*b.scatter)({b.values.data(), b.values.size()}, {b.shard.data(), b.shard.size()});
+    busy_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  void finish(float* gradient) override {
+    for (bucket& b : buckets_) {
+      if (b.waiting != 0) throw std::logic_error("sharded_reducer: a bucket's gradients were not all ready");
+      b.waiting = b.tensors.size();
+      for_each_run(b, b.scatter->shard_offset(), b.shard.size(), [&](std::size_t flat, std::size_t at, std::size_t n) {
+        for (std::size_t i = 0; i < n; ++i)
+          gradient[flat + i] = static_cast<float>(b.shard[at - b.scatter->shard_offset() + i]);
+      });
+    }
+  }
+  std::vector<gradcomp::element_range> owned(std::size_t) const override {
+    std::vector<gradcomp::element_range> out;
+    for (bucket const& b : buckets_)
+      for_each_run(b, b.scatter->shard_offset(), b.shard.size(),
+                   [&](std::size_t flat, std::size_t, std::size_t n) { out.push_back({flat, n}); });
+    return out;
+  }
+  void share(float* weights) override {
+    auto const start = std::chrono::steady_clock::now();
+    int const ranks = timed_.size();
+    for (bucket& b : buckets_) {
+      std::vector<float>& mine = b.send;
+      mine.assign(b.slot, 0.0f);
+      std::size_t const first = b.scatter->shard_offset();
+      for_each_run(b, first, b.shard.size(), [&](std::size_t flat, std::size_t at, std::size_t n) {
+        std::copy_n(weights + flat, n, mine.data() + (at - first));
+      });
+      timed_.all_gather(mine.data(), b.gathered.data(), b.slot);
+      for (int r = 0; r < ranks; ++r) {
+        std::size_t const from = b.scatter->shard_offset(r);
+        float const* theirs = b.gathered.data() + static_cast<std::size_t>(r) * b.slot;
+        for_each_run(b, from, b.scatter->shard_size(r), [&](std::size_t flat, std::size_t at, std::size_t n) {
+          std::copy_n(theirs + (at - from), n, weights + flat);
+        });
+      }
+    }
+    busy_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  std::size_t wire_bytes() const override {  // the gradients' reduce-scatters, and the weights' all-gathers
+    std::size_t bytes = 0;
+    for (bucket const& b : buckets_)
+      bytes += b.scatter->wire_bytes() + b.slot * sizeof(float) * static_cast<std::size_t>(timed_.size() - 1);
+    return bytes;
+  }
+  double comm_seconds() const override { return timed_.seconds(); }
+  double reduction_seconds() const override { return busy_; }
+  std::vector<std::byte> save() override {
+    std::vector<std::byte> out;
+    for (bucket& b : buckets_) {
+      auto const bytes = b.scatter->save();
+      std::uint64_t const size = bytes.size();
+      auto const* p = reinterpret_cast<std::byte const*>(&size);
+      out.insert(out.end(), p, p + sizeof size);
+      out.insert(out.end(), bytes.begin(), bytes.end());
+    }
+    return out;
+  }
+  void restore(std::vector<std::byte> const& bytes) override {
+    // Every bucket's state is read before any is applied, and the ranks agree
+    // first: all restore, or none does.
+    std::vector<gradcomp::bucket_checkpoint> parsed;
+    std::string failure;
+    try {
+      std::size_t at = 0;
+      for (bucket const& b : buckets_) {
+        std::uint64_t size = 0;
+        if (bytes.size() - at < sizeof size) throw gradcomp::checkpoint_error("the sharded reducer's state is truncated");
+        std::memcpy(&size, bytes.data() + at, sizeof size);
+        at += sizeof size;
+        if (bytes.size() - at < size) throw gradcomp::checkpoint_error("the sharded reducer's state is truncated");
+        parsed.push_back(b.scatter->parse_checkpoint({bytes.data() + at, static_cast<std::size_t>(size)}));
+        at += size;
+      }
+      if (at != bytes.size()) throw gradcomp::checkpoint_error("the sharded reducer's state has bytes left over");
+    } catch (gradcomp::checkpoint_error const& e) {
+      failure = e.what();
+    }
+    std::int32_t failed = failure.empty() ? 0 : 1;
+    timed_.all_reduce(&failed, &failed, 1, gradcomp::reduce_op::max);
+    if (failed != 0)
+      throw gradcomp::checkpoint_error(failure.empty() ? "another rank cannot restore its checkpoint" : failure);
+    for (std::size_t i = 0; i < buckets_.size(); ++i) buckets_[i].scatter->restore(parsed[i]);
+  }
+
+ private:
+  struct bucket {
+    std::vector<std::size_t> tensors;  // layout indices, in bucket order
+    std::vector<std::size_t> offsets;  // where each starts in the bucket
+    gradcomp::bucket_layout layout;
+    std::unique_ptr<scatterer> scatter;
+    std::vector<G> values, shard;      // the bucket's gradient; this rank's shard of the mean
+    std::size_t slot = 0;              // elements each rank sends in the weights' all-gather
+    std::vector<float> send, gathered; // that all-gather's buffers
+    std::size_t waiting = 0;           // tensors not yet ready this step
+  };
+
+  static std::size_t position(bucket const& b, std::size_t tensor) {
+    return static_cast<std::size_t>(std::find(b.tensors.begin(), b.tensors.end(), tensor) - b.tensors.begin());
+  }
+  // Calls f(flat offset, bucket offset, count) for each run of the bucket's
+  // elements [first, first + count) that lies in one tensor.
+  template <class F>
+  void for_each_run(bucket const& b, std::size_t first, std::size_t count, F&& f) const {
+    std::size_t const end = first + count;
+    for (std::size_t i = 0; i < b.tensors.size(); ++i) {
+      auto const& t = layout_.tensors()[b.tensors[i]];
+      std::size_t const lo = std::max(first, b.offsets[i]), hi = std::min(end, b.offsets[i] + t.elements);
+      if (lo < hi) f(t.offset + (lo - b.offsets[i]), lo, hi - lo);
+    }
+  }
+
+  gradcomp::bucket_layout layout_;
+  timed timed_;
+  std::vector<bucket> buckets_;
+  std::vector<std::size_t> bucket_of_;  // layout tensor -> its bucket
+  double busy_ = 0;
+};
+
 /// The host reducer `o` names, over `comm`.
 template <class Collective>
 reducer_factory host_reducers(options const& o, Collective& comm) {
   return [&o, &comm](gradcomp::bucket_layout const& layout) -> std::unique_ptr<reducer> {
-    if (o.grad_dtype == "bf16") return std::make_unique<host_reducer<Collective, gradcomp::bfloat16>>(o, comm, layout);
+    bool const half = o.grad_dtype == "bf16";
+    if (o.shard_optimizer) {
+      if (o.ranks_per_node > 0)
+        throw gradcomp::invalid_argument("a sharded optimizer reduce-scatters over the world: it takes no ranks_per_node");
+      if (half) return std::make_unique<sharded_reducer<Collective, gradcomp::bfloat16>>(o, comm, layout);
+      return std::make_unique<sharded_reducer<Collective, float>>(o, comm, layout);
+    }
+    if (half) return std::make_unique<host_reducer<Collective, gradcomp::bfloat16>>(o, comm, layout);
     return std::make_unique<host_reducer<Collective, float>>(o, comm, layout);
   };
 }
@@ -312,6 +502,7 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
   std::size_t const d = model.layout().size();
 
   auto reduce = (make ? make : host_reducers(o, comm))(model.layout());
+  auto const owned = reduce->owned(d);
 
   // This rank's shard: every ranks-th example, reshuffled each epoch.
   std::vector<std::size_t> shard;
@@ -377,10 +568,12 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
     wire += reduce->wire_bytes();
 
     auto& w = model.params();
-    for (std::size_t i = 0; i < d; ++i) {
-      velocity[i] = o.momentum * velocity[i] + gradient[i];
-      w[i] -= o.lr * velocity[i];
-    }
+    for (auto const& run : owned)  // (a sharded optimizer: this rank's shards; then every rank's weights)
+      for (std::size_t i = run.first; i < run.first + run.count; ++i) {
+        velocity[i] = o.momentum * velocity[i] + gradient[i];
+        w[i] -= o.lr * velocity[i];
+      }
+    reduce->share(w.data());
     if (o.check_replicas) {
       std::uint64_t const hash = weights_hash(w);
       std::vector<std::uint64_t> all(ranks);
