@@ -76,6 +76,26 @@ TEST_CASE("hierarchical over MPI: nodes by override and by detection, bitwise th
   }
 }
 
+TEST_CASE("over MPI, ranks agree in world order across two levels, and a disagreement names the rank everywhere") {
+  using namespace gradcomp;
+  mpi_communicator world;
+  int const n = world.size(), rank = world.rank();
+  REQUIRE(n % 2 == 0);
+  auto groups = split_nodes(world, 2);
+  detail::agreement const all(groups.local, groups.cross, host_space{}, 10 + static_cast<std::uint64_t>(rank), 0,
+                              rank == n - 1 ? "the last rank's reason" : "");
+  REQUIRE(all.ranks() == n);
+  CHECK(all.self() == rank);
+  for (int r = 0; r < n; ++r) CHECK(all.of(r).a == 10 + static_cast<std::uint64_t>(r));
+  CHECK(all.first_failed() == n - 1);
+  CHECK(all.why(n - 1) == "the last rank's reason");
+  using reducer = hierarchical_allreducer<thc<>, error_feedback::residual, mpi_communicator, host_space>;
+  std::size_t const d = rank == 1 ? 4000 : 4096;
+  CHECK_THROWS_WITH_AS(reducer(thc<>{.block = 256}, groups, bucket_layout(d), host_space{}),
+                       doctest::Contains("rank 0 has 4096 elements, rank 1 has 4000"), invalid_argument);
+  CHECK_NOTHROW(reducer(thc<>{.block = 256}, groups, bucket_layout(4096), host_space{}));  // nobody was left behind
+}
+
 TEST_CASE("reduce-scatter over MPI: each rank's shard is the all-reduce path's slice, at half the bytes") {
   using namespace gradcomp;
   mpi_communicator world;
