@@ -192,6 +192,22 @@ TEST_CASE("a sharded optimizer updates each rank's shard and all-gathers the wei
     CHECK(sharded.records.back().test_accuracy > replicated.records.back().test_accuracy - 0.05);
     CHECK(resumed_at_40(o, dir / compressor).weights_hash == sharded.weights_hash);
   }
+  for (std::string compressor : {"bf16", "thc"}) {  // weights all-gathered in bf16, from fp32 masters
+    INFO(compressor << ", bf16 weights");
+    train::options o = small_run(compressor);
+    o.overlap = false;
+    o.shard_optimizer = true;
+    auto const wide = run_local(o);
+    o.gather_dtype = "bf16";
+    o.check_replicas = true;
+    auto const narrow = run_local(o);
+    REQUIRE(narrow.records.size() == 3);
+    CHECK(narrow.weights_hash != wide.weights_hash);  // the weights were rounded
+    CHECK(narrow.records.back().loss < 0.75 * narrow.records.front().loss);
+    CHECK(std::abs(narrow.records.back().test_accuracy - wide.records.back().test_accuracy) < 0.05);
+    CHECK(narrow.wire_bytes_per_step < wide.wire_bytes_per_step);
+    CHECK(resumed_at_40(o, dir / (compressor + "16")).weights_hash == narrow.weights_hash);  // masters saved whole
+  }
   std::filesystem::remove_all(dir);
   train::options o = small_run("powersgd");
   o.shard_optimizer = true;

@@ -76,6 +76,8 @@ char const* const flags = R"(usage: train [flags]
   --shard-optimizer    sharded optimizer (ZeRO-2): each bucket is reduce-scattered, each rank updates its shard
                        of the weights and momentum, then the ranks all-gather the weights (local and mpi; not
                        powersgd or topk, whose payloads cannot be cut into shards)
+  --gather-dtype T     sharded: all-gather the weights in fp32 (default) or bf16 (each rank keeps fp32 weights of
+                       its shard and computes with the bf16 ones, as FSDP's mixed precision)
   --checkpoint PATH    save the run (weights, momentum, reducer state) to PATH.rank<r> ...
   --checkpoint-every N ... every N steps
   --resume PATH        continue the run saved at PATH (same flags otherwise)
@@ -160,6 +162,11 @@ cli parse(int argc, char** argv) {
     }
     else if (flag == "--shard-optimizer")
       c.o.shard_optimizer = true;
+    else if (flag == "--gather-dtype") {
+      c.o.gather_dtype = value();
+      if (c.o.gather_dtype != "fp32" && c.o.gather_dtype != "bf16")
+        usage("--gather-dtype takes fp32 or bf16, not '" + c.o.gather_dtype + "'");
+    }
     else if (flag == "--checkpoint")
       c.o.checkpoint = value();
     else if (flag == "--checkpoint-every")
@@ -217,6 +224,7 @@ cli parse(int argc, char** argv) {
   if (c.o.bucket_kb == 0) usage("--bucket-kb must be at least 1");
   if (c.o.shard_optimizer && c.o.ranks_per_node > 0) usage("--shard-optimizer reduce-scatters flat: no --ranks-per-node");
   if (c.o.shard_optimizer && c.backend == "nccl") usage("--shard-optimizer runs on the local and mpi backends");
+  if (!c.o.shard_optimizer && c.o.gather_dtype != "fp32") usage("--gather-dtype needs --shard-optimizer");
   return c;
 }
 
@@ -236,12 +244,12 @@ void report(cli const& c, int ranks, train::result const& r) {
   std::string const to_target = r.time_to_target < 0 ? "not-reached" : std::to_string(r.time_to_target);
   std::string const steps_to = r.steps_to_target == 0 ? "not-reached" : std::to_string(r.steps_to_target);
   std::printf(
-      "summary: compressor=%s ranks=%d ranks_per_node=%d backend=%s overlap=%s grad_dtype=%s optimizer=%s target=%.3f "
+      "summary: compressor=%s ranks=%d ranks_per_node=%d backend=%s overlap=%s grad_dtype=%s optimizer=%s%s target=%.3f "
       "time_to_target_s=%s "
       "steps_to_target=%s final_accuracy=%.4f steps=%zu wire_bytes_per_step=%zu compress_share=%.3f "
       "exposed_share=%.3f weights=%016llx\n",
       name.c_str(), ranks, c.o.ranks_per_node, c.backend.c_str(), c.o.overlap ? "on" : "off", c.o.grad_dtype.c_str(),
-      c.o.shard_optimizer ? "sharded" : "replicated", c.o.target,
+      c.o.shard_optimizer ? "sharded" : "replicated", c.o.gather_dtype == "bf16" ? "~bf16" : "", c.o.target,
       to_target.c_str(), steps_to.c_str(), last.test_accuracy, last.step, r.wire_bytes_per_step,
       last.wall_s > 0 ? last.compress_s / last.wall_s : 0.0, last.wall_s > 0 ? last.exposed_s / last.wall_s : 0.0,
       static_cast<unsigned long long>(r.weights_hash));

@@ -44,6 +44,7 @@ struct options {
   int ranks_per_node = 0;                        ///< Hierarchical: nodes of this many ranks (0: flat).
   bool bf16_within_node = false;                 ///< Hierarchical: reduce-scatter inside the node in bf16.
   bool shard_optimizer = false;                  ///< Reduce-scatter; each rank updates its shard (sharded_reducer).
+  std::string gather_dtype = "fp32";             ///< Sharded: weights all-gathered in fp32, or bf16 (fp32 masters).
   std::string checkpoint;                        ///< Save here (one file per rank: PATH.rank<r>) ...
   std::size_t checkpoint_every = 0;              ///< ... every this many steps (0: never).
   std::string resume;                            ///< Resume from this checkpoint (PATH, as saved).
@@ -224,8 +225,10 @@ class host_reducer : public reducer {
 /// A sharded optimizer's reductions (ZeRO-2, FSDP's SHARD_GRAD_OP): each
 /// bucket's gradient is reduce-scattered through the compressor, so a rank
 /// receives the mean of its shard only and updates only that shard's weights
-/// and momentum; the ranks then all-gather the updated weights in fp32, so
-/// every replica holds the same bits. Buckets are made as model_reducer makes
+/// and momentum; the ranks then all-gather the updated weights, so every
+/// replica holds the same bits: in fp32, or in bf16 (FSDP's mixed precision:
+/// every rank computes with the bf16 weights, and keeps the fp32 weights of
+/// its shard, train_rank's masters). Buckets are made as model_reducer makes
 /// them (backward order; 1-D tensors and small buckets in bf16), and each is
 /// reduced once its last gradient is ready, on the training thread.
 template <class Collective, gradcomp::gradient_element G>
@@ -235,7 +238,7 @@ class sharded_reducer : public reducer {
 
  public:
   sharded_reducer(options const& o, Collective& comm, gradcomp::bucket_layout const& layout)
-      : layout_(layout), timed_(comm) {
+      : layout_(layout), timed_(comm), sixteen_bit_(o.gather_dtype == "bf16") {
     gradcomp::host_space const one{.threads = 1};  // the ranks are the threads
     auto const& tensors = layout.tensors();
     bucket_of_.resize(tensors.size());
@@ -263,7 +266,10 @@ class sharded_reducer : public reducer {
       b.values.resize(b.layout.size());
       b.shard.resize(b.scatter->shard_size());
       b.slot = b.scatter->shard_size(0);
-      b.gathered.resize(b.slot * static_cast<std::size_t>(comm.size()));
+      if (sixteen_bit_)
+        b.send16.resize(b.slot), b.gathered16.resize(b.slot * static_cast<std::size_t>(comm.size()));
+      else
+        b.send.resize(b.slot), b.gathered.resize(b.slot * static_cast<std::size_t>(comm.size()));
       b.waiting = b.tensors.size();
     }
   }
@@ -297,29 +303,19 @@ class sharded_reducer : public reducer {
   }
   void share(float* weights) override {
     auto const start = std::chrono::steady_clock::now();
-    int const ranks = timed_.size();
     for (bucket& b : buckets_) {
-      std::vector<float>& mine = b.send;
-      mine.assign(b.slot, 0.0f);
-      std::size_t const first = b.scatter->shard_offset();
-      for_each_run(b, first, b.shard.size(), [&](std::size_t flat, std::size_t at, std::size_t n) {
-        std::copy_n(weights + flat, n, mine.data() + (at - first));
-      });
-      timed_.all_gather(mine.data(), b.gathered.data(), b.slot);
-      for (int r = 0; r < ranks; ++r) {
-        std::size_t const from = b.scatter->shard_offset(r);
-        float const* theirs = b.gathered.data() + static_cast<std::size_t>(r) * b.slot;
-        for_each_run(b, from, b.scatter->shard_size(r), [&](std::size_t flat, std::size_t at, std::size_t n) {
-          std::copy_n(theirs + (at - from), n, weights + flat);
-        });
-      }
+      if (sixteen_bit_)
+        gather(b, b.send16, b.gathered16, weights);
+      else
+        gather(b, b.send, b.gathered, weights);
     }
     busy_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   std::size_t wire_bytes() const override {  // the gradients' reduce-scatters, and the weights' all-gathers
+    std::size_t const weight = sixteen_bit_ ? sizeof(gradcomp::bfloat16) : sizeof(float);
     std::size_t bytes = 0;
     for (bucket const& b : buckets_)
-      bytes += b.scatter->wire_bytes() + b.slot * sizeof(float) * static_cast<std::size_t>(timed_.size() - 1);
+      bytes += b.scatter->wire_bytes() + b.slot * weight * static_cast<std::size_t>(timed_.size() - 1);
     return bytes;
   }
   double comm_seconds() const override { return timed_.seconds(); }
@@ -370,9 +366,28 @@ class sharded_reducer : public reducer {
     std::unique_ptr<scatterer> scatter;
     std::vector<G> values, shard;      // the bucket's gradient; this rank's shard of the mean
     std::size_t slot = 0;              // elements each rank sends in the weights' all-gather
-    std::vector<float> send, gathered; // that all-gather's buffers
+    std::vector<float> send, gathered; // that all-gather's buffers (fp32) ...
+    std::vector<gradcomp::bfloat16> send16, gathered16;  // ... or bf16
     std::size_t waiting = 0;           // tensors not yet ready this step
   };
+
+  // All-gathers every rank's shard of `weights` as T into `weights`.
+  template <class T>
+  void gather(bucket const& b, std::vector<T>& mine, std::vector<T>& all, float* weights) {
+    std::size_t const first = b.scatter->shard_offset();
+    std::fill(mine.begin(), mine.end(), T(0.0f));
+    for_each_run(b, first, b.shard.size(), [&](std::size_t flat, std::size_t at, std::size_t n) {
+      for (std::size_t i = 0; i < n; ++i) mine[at - first + i] = T(weights[flat + i]);
+    });
+    timed_.all_gather(mine.data(), all.data(), b.slot);
+    for (int r = 0; r < timed_.size(); ++r) {
+      std::size_t const from = b.scatter->shard_offset(r);
+      T const* theirs = all.data() + static_cast<std::size_t>(r) * b.slot;
+      for_each_run(b, from, b.scatter->shard_size(r), [&](std::size_t flat, std::size_t at, std::size_t n) {
+        for (std::size_t i = 0; i < n; ++i) weights[flat + i] = static_cast<float>(theirs[at - from + i]);
+      });
+    }
+  }
 
   static std::size_t position(bucket const& b, std::size_t tensor) {
     return static_cast<std::size_t>(std::find(b.tensors.begin(), b.tensors.end(), tensor) - b.tensors.begin());
@@ -393,6 +408,7 @@ class sharded_reducer : public reducer {
   timed timed_;
   std::vector<bucket> buckets_;
   std::vector<std::size_t> bucket_of_;  // layout tensor -> its bucket
+  bool sixteen_bit_;                    // weights all-gathered in bf16
   double busy_ = 0;
 };
 
@@ -531,10 +547,17 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
     } catch (std::exception const& e) {
       throw std::runtime_error(failure.empty() ? std::string(e.what()) : failure);
     }
-    model.params() = std::move(c.weights);
+    model.params() = std::move(c.weights);  // (16-bit gathers: this rank's masters, rounded below)
     velocity = std::move(c.velocity);
     first_step = c.step, resumed_wall = c.wall_s, loss_sum = c.loss_sum, loss_count = c.loss_count, wire = c.wire;
     for (std::size_t epoch = 0; epoch * steps_per_epoch < first_step; ++epoch) shuffle(epoch);  // the data order so far
+  }
+  // Weights all-gathered in bf16: this rank updates fp32 masters of its
+  // shards, and every rank computes with the weights rounded to bf16.
+  std::vector<float> master;
+  if (o.shard_optimizer && o.gather_dtype == "bf16") {
+    master = model.params();
+    for (float& x : model.params()) x = static_cast<float>(gradcomp::bfloat16(x));
   }
   auto const start = clock::now();
   auto wall = [&] {
@@ -568,10 +591,12 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
     wire += reduce->wire_bytes();
 
     auto& w = model.params();
+    float* const updated = master.empty() ? w.data() : master.data();
     for (auto const& run : owned)  // (a sharded optimizer: this rank's shards; then every rank's weights)
       for (std::size_t i = run.first; i < run.first + run.count; ++i) {
         velocity[i] = o.momentum * velocity[i] + gradient[i];
-        w[i] -= o.lr * velocity[i];
+        updated[i] -= o.lr * velocity[i];
+        w[i] = updated[i];
       }
     reduce->share(w.data());
     if (o.check_replicas) {
@@ -606,6 +631,8 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
       double now = rank == 0 ? wall() : 0;  // rank 0's clock, as the records
       comm.broadcast(&now, 1, 0);
       checkpoint c{step + 1, now, loss_sum, loss_count, wire, model.params(), velocity, reduce->save()};
+      for (auto const& run : master.empty() ? decltype(owned){} : owned)  // this rank's masters, whole
+        std::copy_n(master.data() + run.first, run.count, c.weights.data() + run.first);
       c.write(checkpoint::file(o.checkpoint, rank));
     }
   }
