@@ -215,6 +215,23 @@ TEST_CASE("ranks agree over two levels in world order, and a disagreement names 
   }
 }
 
+TEST_CASE("ranks agree in one order where rails order the nodes differently (nodes not of consecutive ranks)") {
+  local_group::run(4, [](local_group::communicator& world) {
+    int const rank = world.rank();
+    // Node A holds ranks 0 and 3, node B ranks 1 and 2: the rail of local
+    // ranks 0 is (A, B), the rail of local ranks 1 is (B, A).
+    auto local = world.split(rank == 0 || rank == 3 ? 0 : 1, rank);
+    auto cross = world.split(local.rank(), rank);
+    detail::agreement const all(local, cross, host_space{.threads = 1}, static_cast<std::uint64_t>(rank), 0,
+                                rank == 2 ? "rank 2's reason" : "");
+    std::uint64_t order = 0;  // the order this rank sees, as one number
+    for (int r = 0; r < 4; ++r) order = order * 10 + all.of(r).a;
+    CHECK(order == 312);  // A's ranks 0 and 3, then B's 1 and 2 (in node order of rail 0: A first)
+    CHECK(all.of(all.self()).a == static_cast<std::uint64_t>(rank));
+    CHECK(all.why(all.first_failed()) == "rank 2's reason");
+  });
+}
+
 TEST_CASE("a bad value on one rank fails the step on every rank of every node, and no residual moves") {
   using C = thc<>;
   local_group::run(4, [](local_group::communicator& world) {

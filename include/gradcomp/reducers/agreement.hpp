@@ -23,8 +23,9 @@ class agreement {
   /// What one rank says.
   struct statement {
     std::uint64_t a, b;  ///< Two numbers the ranks compare (a bucket size, a hash, a step).
-    std::uint64_t failed;
-    char why[232];  ///< Why it failed (cut to fit).
+    std::uint32_t failed;
+    std::uint32_t node;  ///< Two levels: the sender's rank on its rail.
+    char why[232];       ///< Why it failed (cut to fit).
   };
   static_assert(sizeof(statement) == 256);
 
@@ -40,20 +41,30 @@ class agreement {
   }
 
   /// The same over a world given as its two levels: this rank's node
-  /// (`local`), and its rail across the nodes (`cross`). World rank r is
-  /// local rank r % L of node r / L (as split_nodes numbers them).
+  /// (`local`), and its rail across the nodes (`cross`). Rank r of the
+  /// result is local rank r % L of the node that is r / L-th on the rail of
+  /// local ranks 0: nodes of consecutive ranks (split_nodes with
+  /// ranks_per_node) keep their world ranks, and every rank sees one order
+  /// even where rails order the nodes differently (nodes detected).
   template <class Collective, class Space>
   agreement(Collective& local, Collective& cross, Space const& space, std::uint64_t a, std::uint64_t b,
             std::string const& failure)
-      : all_(static_cast<std::size_t>(local.size()) * static_cast<std::size_t>(cross.size())),
-        self_(cross.rank() * local.size() + local.rank()) {
-    std::size_t const node = static_cast<std::size_t>(local.size()) * sizeof(statement);
+      : all_(static_cast<std::size_t>(local.size()) * static_cast<std::size_t>(cross.size())) {
+    std::size_t const per_node = static_cast<std::size_t>(local.size());
+    std::size_t const node = per_node * sizeof(statement);
     buffer<std::uint8_t, Space> exchange(sizeof(statement) + node + all_.size() * sizeof(statement), space);
     std::uint8_t* const nodes = exchange.data() + sizeof(statement) + node;
-    put(space, exchange.data(), a, b, failure);
+    put(space, exchange.data(), a, b, failure, static_cast<std::uint32_t>(cross.rank()));
     local.all_gather(exchange.data(), exchange.data() + sizeof(statement), sizeof(statement));
     cross.all_gather(exchange.data() + sizeof(statement), nodes, node);
-    space.to_host(all_.data(), nodes, all_.size() * sizeof(statement));
+    std::vector<statement> by_rail(all_.size());
+    space.to_host(by_rail.data(), nodes, by_rail.size() * sizeof(statement));
+    for (std::size_t n = 0; n < by_rail.size() / per_node; ++n) {  // node n of this rail is node `first` of rail 0
+      std::size_t const first = by_rail[n * per_node].node;
+      std::copy_n(by_rail.begin() + static_cast<std::ptrdiff_t>(n * per_node), per_node,
+                  all_.begin() + static_cast<std::ptrdiff_t>(first * per_node));
+      if (n == static_cast<std::size_t>(cross.rank())) self_ = static_cast<int>(first * per_node) + local.rank();
+    }
   }
 
   /// Ranks that took part.
@@ -77,11 +88,13 @@ class agreement {
 
  private:
   template <class Space>
-  static void put(Space const& space, std::uint8_t* to, std::uint64_t a, std::uint64_t b, std::string const& failure) {
+  static void put(Space const& space, std::uint8_t* to, std::uint64_t a, std::uint64_t b, std::string const& failure,
+                  std::uint32_t node = 0) {
     statement mine{};
     mine.a = a;
     mine.b = b;
     mine.failed = failure.empty() ? 0 : 1;
+    mine.node = node;
     std::memcpy(mine.why, failure.data(), std::min(failure.size(), sizeof mine.why - 1));
     space.from_host(to, &mine, sizeof mine);
   }
@@ -92,7 +105,7 @@ class agreement {
   }
 
   std::vector<statement> all_;
-  int self_;
+  int self_ = 0;
 };
 
 /// The verdict on a set-up: if any rank failed, throws invalid_argument on
