@@ -76,8 +76,8 @@ char const* const flags = R"(usage: train [flags]
   --shard-optimizer    sharded optimizer (ZeRO-2): each bucket is reduce-scattered, each rank updates its shard
                        of the weights and momentum, then the ranks all-gather the weights (local and mpi; not
                        powersgd or topk, whose payloads cannot be cut into shards)
-  --gather-dtype T     sharded: all-gather the weights in fp32 (default) or bf16 (each rank keeps fp32 weights of
-                       its shard and computes with the bf16 ones, as FSDP's mixed precision)
+  --gather-dtype T     sharded: all-gather the weights in fp32 (default) or bf16 (each rank updates fp32 masters
+                       of its shard and computes with the bf16 weights, as FSDP's mixed precision)
   --checkpoint PATH    save the run (weights, momentum, reducer state) to PATH.rank<r> ...
   --checkpoint-every N ... every N steps
   --resume PATH        continue the run saved at PATH (same flags otherwise)

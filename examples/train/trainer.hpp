@@ -227,8 +227,8 @@ class host_reducer : public reducer {
 /// receives the mean of its shard only and updates only that shard's weights
 /// and momentum; the ranks then all-gather the updated weights, so every
 /// replica holds the same bits: in fp32, or in bf16 (FSDP's mixed precision:
-/// every rank computes with the bf16 weights, and keeps the fp32 weights of
-/// its shard, train_rank's masters). Buckets are made as model_reducer makes
+/// every rank computes with the bf16 weights, and updates fp32 masters of its
+/// shard, kept by train_rank). Buckets are made as model_reducer makes
 /// them (backward order; 1-D tensors and small buckets in bf16), and each is
 /// reduced once its last gradient is ready, on the training thread.
 template <class Collective, gradcomp::gradient_element G>
@@ -320,13 +320,16 @@ class sharded_reducer : public reducer {
   }
   double comm_seconds() const override { return timed_.seconds(); }
   double reduction_seconds() const override { return busy_; }
-  std::vector<std::byte> save() override {
+  std::vector<std::byte> save() override {  // how weights travel, then each bucket's state with its size
     std::vector<std::byte> out;
+    auto put = [&](std::uint64_t word) {
+      auto const* p = reinterpret_cast<std::byte const*>(&word);
+      out.insert(out.end(), p, p + sizeof word);
+    };
+    put(sixteen_bit_ ? 16 : 32);
     for (bucket& b : buckets_) {
       auto const bytes = b.scatter->save();
-      std::uint64_t const size = bytes.size();
-      auto const* p = reinterpret_cast<std::byte const*>(&size);
-      out.insert(out.end(), p, p + sizeof size);
+      put(bytes.size());
       out.insert(out.end(), bytes.begin(), bytes.end());
     }
     return out;
@@ -336,25 +339,50 @@ class sharded_reducer : public reducer {
     // first: all restore, or none does.
     std::vector<gradcomp::bucket_checkpoint> parsed;
     std::string failure;
+    std::uint64_t steps = 0;
     try {
       std::size_t at = 0;
+      auto word = [&] {
+        std::uint64_t w = 0;
+        if (bytes.size() - at < sizeof w) throw gradcomp::checkpoint_error("the sharded reducer's state is truncated");
+        std::memcpy(&w, bytes.data() + at, sizeof w);
+        at += sizeof w;
+        return w;
+      };
+      std::uint64_t const bits = word();
+      if (bits != 16 && bits != 32) throw gradcomp::checkpoint_error("the checkpoint is not a sharded optimizer's");
+      if (bits != (sixteen_bit_ ? 16u : 32u))
+        throw gradcomp::checkpoint_error("the checkpoint's weights were all-gathered in " +
+                                         std::string(bits == 16 ? "bf16" : "fp32") + "; this run gathers them in " +
+                                         (sixteen_bit_ ? "bf16" : "fp32"));
       for (bucket const& b : buckets_) {
-        std::uint64_t size = 0;
-        if (bytes.size() - at < sizeof size) throw gradcomp::checkpoint_error("the sharded reducer's state is truncated");
-        std::memcpy(&size, bytes.data() + at, sizeof size);
-        at += sizeof size;
+        std::uint64_t const size = word();
         if (bytes.size() - at < size) throw gradcomp::checkpoint_error("the sharded reducer's state is truncated");
         parsed.push_back(b.scatter->parse_checkpoint({bytes.data() + at, static_cast<std::size_t>(size)}));
         at += size;
+        if (parsed.back().steps != parsed.front().steps)
+          throw gradcomp::checkpoint_error("the sharded reducer's buckets are of different steps");
       }
       if (at != bytes.size()) throw gradcomp::checkpoint_error("the sharded reducer's state has bytes left over");
+      steps = parsed.empty() ? 0 : parsed.front().steps;
     } catch (gradcomp::checkpoint_error const& e) {
       failure = e.what();
     }
-    std::int32_t failed = failure.empty() ? 0 : 1;
-    timed_.all_reduce(&failed, &failed, 1, gradcomp::reduce_op::max);
-    if (failed != 0)
-      throw gradcomp::checkpoint_error(failure.empty() ? "another rank cannot restore its checkpoint" : failure);
+    // Every rank's verdict and step, on every rank.
+    int const ranks = timed_.size(), me = timed_.rank();
+    std::uint64_t const mine[2] = {failure.empty() ? 0u : 1u, steps};
+    std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(ranks));
+    timed_.all_gather(mine, all.data(), 2);
+    for (int r = 0; r < ranks; ++r)
+      if (all[2 * r] != 0)
+        throw gradcomp::checkpoint_error("rank " + std::to_string(r) + " cannot restore its checkpoint" +
+                                         (r == me ? " (" + failure + ")" : std::string()) +
+                                         "; no rank restored anything");
+    for (int r = 1; r < ranks; ++r)
+      if (all[2 * r + 1] != all[1])
+        throw gradcomp::checkpoint_error("the ranks' checkpoints are of different steps (rank 0: " +
+                                         std::to_string(all[1]) + ", rank " + std::to_string(r) + ": " +
+                                         std::to_string(all[2 * r + 1]) + "); no rank restored anything");
     for (std::size_t i = 0; i < buckets_.size(); ++i) buckets_[i].scatter->restore(parsed[i]);
   }
 
