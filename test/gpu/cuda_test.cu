@@ -172,6 +172,34 @@ TEST_CASE("a bf16 reduce-scatter gives bitwise the host's shard on the device") 
   });
 }
 
+TEST_CASE("a THC reduce-scatter decodes each rank's blocks bitwise as the host does, in both kernels") {
+  using namespace gradcomp;
+  using namespace gradcomp::testing;
+  for (std::size_t block : {std::size_t{256}, std::size_t{64}}) {  // the register kernel, the shared-memory one
+    local_group::run(4, [&](local_group::communicator& comm) {
+      std::size_t const d = 100003;  // not a whole number of blocks: the last shard is short
+      thc<> const c{.block = block};
+      reduce_scatterer<thc<>, error_feedback::residual, local_group::communicator, host_space> on_host(
+          c, comm, bucket_layout(d), host_space{});
+      reduce_scatterer<thc<>, error_feedback::residual, local_group::communicator, cuda_space> on_device(
+          c, comm, bucket_layout(d), cuda_space{});
+      std::uint64_t const seed = shared_seed(comm);
+      for (int step = 0; step < 3; ++step) {  // with error feedback carried across steps
+        auto const g = random_gradient(seed + step, comm.rank(), d);
+        auto h = g;
+        std::vector<float> host_shard(on_host.shard_size());
+        on_host({h.data(), d}, {host_shard.data(), host_shard.size()});
+        auto dg = upload(cuda_space{}, g);
+        buffer<float, cuda_space> device_shard(on_device.shard_size(), cuda_space{});
+        on_device(dg.view(), device_shard.view());
+        on_device.synchronize();
+        INFO("block " << block << ", rank " << comm.rank() << ", step " << step);
+        CHECK(download(cuda_space{}, device_shard.data(), device_shard.size()) == host_shard);
+      }
+    });
+  }
+}
+
 TEST_CASE("a hierarchical step on bf16 buckets gives bitwise the host's result on the device") {
   using namespace gradcomp;
   using namespace gradcomp::testing;

@@ -188,7 +188,8 @@ struct thc {
     // Only the blocks of the output range: a reduce-scatter step's shard
     // starts and ends on whole rotation blocks (shard_alignment).
     auto const [first, count] = ctx.output_range();
-    detail::block_range const out{first / block, std::min(blocks, (first + count + block - 1) / block)};
+    std::size_t const end = std::min(blocks, (first + count + block - 1) / block);
+    detail::block_range const out{std::min(first / block, end), end};
     detail::for_each_block(space, out, block, detail::thc_decode<Lane, G>{p, ws.levels.data(), gradient.data()},
                            ctx.output_gate());
   }
