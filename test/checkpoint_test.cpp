@@ -286,3 +286,44 @@ TEST_CASE("a restored compressor state must be one the compressor can hold") {
   check(powersgd<>{.rank = 2, .min_compression_rate = 1}, std::numeric_limits<float>::quiet_NaN(), "PowerSGD's Q");
   check(intsgd<>{}, -1.0, "IntSGD's running norm");
 }
+
+TEST_CASE("state of one's own restores through the reducers' agreement: every rank gives the same verdict") {
+  // Each rank states its checkpoint's step, or why it cannot restore; every
+  // rank sees every statement in rank order and throws the same error.
+  std::mt19937_64 draw(std::random_device{}());
+  int const n = 2 + static_cast<int>(draw() % 4);
+  int const odd = static_cast<int>(draw() % static_cast<std::uint64_t>(n));  // the rank at fault
+  std::uint64_t const step = 1 + draw() % 1000;
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
+  auto verdict = [&](local_group::communicator& comm, std::uint64_t mine, std::string const& failure) {
+    try {
+      expect_restorable(agreement(comm, host_space{.threads = 1}, mine, 0, failure), failure);
+    } catch (checkpoint_error const& e) {
+      errors[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  };
+  INFO(n << " ranks, rank " << odd << " at fault, step " << step);
+
+  local_group::run(n, [&](local_group::communicator& comm) {  // one step behind
+    verdict(comm, comm.rank() == odd ? step - 1 : step, "");
+  });
+  std::string const steps = odd == 0 ? "(rank 0: " + std::to_string(step - 1) + ", rank 1: " + std::to_string(step)
+                                      : "(rank 0: " + std::to_string(step) + ", rank " + std::to_string(odd) + ": " +
+                                            std::to_string(step - 1);
+  for (auto const& e : errors) CHECK(e.find("of different steps " + steps) != std::string::npos);
+
+  std::fill(errors.begin(), errors.end(), "");
+  local_group::run(n, [&](local_group::communicator& comm) {  // one cannot restore
+    verdict(comm, step, comm.rank() == odd ? "a torn file" : "");
+  });
+  for (auto const& e : errors)
+    CHECK(e == "rank " + std::to_string(odd) + " cannot restore its checkpoint (a torn file); no rank restored anything");
+
+  local_group::run(n, [&](local_group::communicator& comm) {  // all agree: nobody throws, every statement arrives
+    agreement const all(comm, host_space{.threads = 1}, step, static_cast<std::uint64_t>(comm.rank()), "");
+    CHECK_NOTHROW(expect_restorable(all, ""));
+    REQUIRE(all.ranks() == n);
+    CHECK(all.self() == comm.rank());
+    for (int r = 0; r < n; ++r) CHECK(all.of(r).b == static_cast<std::uint64_t>(r));
+  });
+}

@@ -190,8 +190,8 @@ TEST_CASE("ranks agree over two levels in world order, and a disagreement names 
       auto groups = split_nodes(world, per_node);
       int const rank = world.rank();
       host_space const space{.threads = 1};
-      detail::agreement const all(groups.local, groups.cross, space, 100 + static_cast<std::uint64_t>(rank), 7,
-                                  rank == n - 2 ? "rank " + std::to_string(rank) + "'s own reason" : "");
+      agreement const all(groups.local, groups.cross, space, 100 + static_cast<std::uint64_t>(rank), 7,
+                          rank == n - 2 ? "rank " + std::to_string(rank) + "'s own reason" : "");
       REQUIRE(all.ranks() == n);
       CHECK(all.self() == rank);
       for (int r = 0; r < n; ++r) CHECK(all.of(r).a == 100 + static_cast<std::uint64_t>(r));
@@ -222,8 +222,8 @@ TEST_CASE("ranks agree in one order where rails order the nodes differently (nod
     // ranks 0 is (A, B), the rail of local ranks 1 is (B, A).
     auto local = world.split(rank == 0 || rank == 3 ? 0 : 1, rank);
     auto cross = world.split(local.rank(), rank);
-    detail::agreement const all(local, cross, host_space{.threads = 1}, static_cast<std::uint64_t>(rank), 0,
-                                rank == 2 ? "rank 2's reason" : "");
+    agreement const all(local, cross, host_space{.threads = 1}, static_cast<std::uint64_t>(rank), 0,
+                        rank == 2 ? "rank 2's reason" : "");
     std::uint64_t order = 0;  // the order this rank sees, as one number
     for (int r = 0; r < 4; ++r) order = order * 10 + all.of(r).a;
     CHECK(order == 312);  // A's ranks 0 and 3, then B's 1 and 2 (in node order of rail 0: A first)

@@ -82,8 +82,8 @@ TEST_CASE("over MPI, ranks agree in world order across two levels, and a disagre
   int const n = world.size(), rank = world.rank();
   REQUIRE(n % 2 == 0);
   auto groups = split_nodes(world, 2);
-  detail::agreement const all(groups.local, groups.cross, host_space{}, 10 + static_cast<std::uint64_t>(rank), 0,
-                              rank == n - 1 ? "the last rank's reason" : "");
+  agreement const all(groups.local, groups.cross, host_space{}, 10 + static_cast<std::uint64_t>(rank), 0,
+                      rank == n - 1 ? "the last rank's reason" : "");
   REQUIRE(all.ranks() == n);
   CHECK(all.self() == rank);
   for (int r = 0; r < n; ++r) CHECK(all.of(r).a == 10 + static_cast<std::uint64_t>(r));

@@ -368,27 +368,10 @@ class sharded_reducer : public reducer {
     } catch (gradcomp::checkpoint_error const& e) {
       failure = e.what();
     }
-    // Every rank's verdict, step and reason, on every rank: all throw the
-    // same error, or none does.
-    struct verdict {
-      std::uint64_t failed, steps;
-      char why[240];
-    };
-    int const ranks = timed_.size();
-    verdict mine{failure.empty() ? 0u : 1u, steps, {}};
-    std::memcpy(mine.why, failure.data(), std::min(failure.size(), sizeof mine.why - 1));
-    std::vector<verdict> all(static_cast<std::size_t>(ranks));
-    timed_.all_gather(reinterpret_cast<std::uint8_t const*>(&mine), reinterpret_cast<std::uint8_t*>(all.data()),
-                      sizeof mine);
-    for (int r = 0; r < ranks; ++r)
-      if (all[r].failed != 0)
-        throw gradcomp::checkpoint_error("rank " + std::to_string(r) + " cannot restore its checkpoint (" +
-                                         all[r].why + "); no rank restored anything");
-    for (int r = 1; r < ranks; ++r)
-      if (all[r].steps != all[0].steps)
-        throw gradcomp::checkpoint_error("the ranks' checkpoints are of different steps (rank 0: " +
-                                         std::to_string(all[0].steps) + ", rank " + std::to_string(r) + ": " +
-                                         std::to_string(all[r].steps) + "); no rank restored anything");
+    // Every rank's verdict and step, on every rank: all throw the same
+    // error, or none does.
+    gradcomp::expect_restorable(gradcomp::agreement(timed_, gradcomp::host_space{.threads = 1}, steps, 0, failure),
+                                failure);
     for (std::size_t i = 0; i < buckets_.size(); ++i) buckets_[i].scatter->restore(parsed[i]);
   }
 

@@ -2,7 +2,9 @@
 // rank gathers every rank's statement (two numbers, and whether and why it
 // failed) and reaches the same verdict. So all ranks throw together or none
 // does: no rank is left waiting in a collective its peers gave up on, and
-// every rank's error names the rank at fault and its reason.
+// every rank's error names the rank at fault and its reason. The reducers
+// agree through it, and so can code that checkpoints state of its own (an
+// optimizer's shards) next to theirs.
 #pragma once
 
 #include <gradcomp/error.hpp>
@@ -15,7 +17,7 @@
 #include <string>
 #include <vector>
 
-namespace gradcomp::inline GRADCOMP_ABI::detail {
+namespace gradcomp::inline GRADCOMP_ABI {
 
 /// Every rank's statement, on every rank, in world rank order.
 class agreement {
@@ -134,4 +136,4 @@ inline void expect_restorable(agreement const& all, std::string const& mine) {
                            "); no rank restored anything");
 }
 
-}  // namespace gradcomp::inline GRADCOMP_ABI::detail
+}  // namespace gradcomp::inline GRADCOMP_ABI

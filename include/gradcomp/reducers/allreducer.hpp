@@ -416,8 +416,8 @@ class allreducer {
   // and why it failed to set up, and all reach the same verdict, so all
   // ranks throw together or none does: no rank is left waiting in a step.
   void agree_on_configuration(std::string const& failure) {
-    detail::agreement const all(*collective_, space_, layout_.size(), fingerprint(), failure);
-    detail::expect_none_failed(all, failure, "allreducer", "this configuration");
+    agreement const all(*collective_, space_, layout_.size(), fingerprint(), failure);
+    expect_none_failed(all, failure, "allreducer", "this configuration");
     if (int const r = all.first_other_a(); r >= 0)
       throw invalid_argument("allreducer: ranks disagree on the bucket size: rank 0 has " + std::to_string(all.of(0).a) +
                              " elements, rank " + std::to_string(r) + " has " + std::to_string(all.of(r).a));
@@ -429,7 +429,7 @@ class allreducer {
 
   // A restore: every rank's checkpoint must be usable and at the same step.
   void agree_on_restore(std::string const& failure, std::uint64_t steps) {
-    detail::expect_restorable(detail::agreement(*collective_, space_, steps, 0, failure), failure);
+    expect_restorable(agreement(*collective_, space_, steps, 0, failure), failure);
   }
 
  public:

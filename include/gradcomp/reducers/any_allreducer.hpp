@@ -38,14 +38,8 @@ class any_allreducer {
   any_allreducer(compressor_spec const& spec, Collective& collective, bucket_layout layout, Space space,
                  allreducer_options options = {})
       : spec_(spec) {
-    std::string failure;
-    try {  // a name or parameter only this rank rejects must fail every rank (others would wait)
-      (void)visit_compressor(spec, collective.size(), [](auto, auto) { return 0; });
-    } catch (std::exception const& e) {
-      failure = e.what();
-    }
-    detail::expect_none_failed(detail::agreement(collective, space, 0, 0, failure), failure, "any_allreducer",
-                               "this compressor_spec");
+    std::string const failure = detail::spec_failure(spec, collective.size(), [](auto) {});
+    expect_none_failed(agreement(collective, space, 0, 0, failure), failure, "any_allreducer", "this compressor_spec");
     impl_ = visit_compressor(spec, collective.size(), [&](auto c, auto ef) -> std::unique_ptr<base> {
       using reducer = allreducer<decltype(c), decltype(ef), Collective, default_aggregator_t<decltype(c)>, Space>;
       return std::make_unique<model<reducer>>(describe(c), c, collective, std::move(layout), space, options);
@@ -59,19 +53,13 @@ class any_allreducer {
   any_allreducer(compressor_spec const& spec, node_groups<Collective>& groups, bucket_layout layout, Space space,
                  hierarchical_options options = {})
       : spec_(spec) {
-    std::string failure;
-    try {
-      (void)visit_compressor(spec, groups.nodes(), [&](auto c, auto) {
-        if constexpr (!detail::shards_in_two_levels<decltype(c)>)
-          throw invalid_argument(std::string(decltype(c)::name) +
-                                 " cannot be sharded across a node's ranks; run it flat, over the world");
-        return 0;
-      });
-    } catch (std::exception const& e) {
-      failure = e.what();
-    }
-    detail::expect_none_failed(detail::agreement(groups.local, groups.cross, space, 0, 0, failure), failure,
-                               "any_allreducer", "this compressor_spec");
+    std::string const failure = detail::spec_failure(spec, groups.nodes(), [](auto c) {
+      if constexpr (!detail::shards_in_two_levels<decltype(c)>)
+        throw invalid_argument(std::string(decltype(c)::name) +
+                               " cannot be sharded across a node's ranks; run it flat, over the world");
+    });
+    expect_none_failed(agreement(groups.local, groups.cross, space, 0, 0, failure), failure, "any_allreducer",
+                       "this compressor_spec");
     impl_ = visit_compressor(spec, groups.nodes(), [&](auto c, auto ef) -> std::unique_ptr<base> {
       using C = decltype(c);
       if constexpr (detail::shards_in_two_levels<C>) {

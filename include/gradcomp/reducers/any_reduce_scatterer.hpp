@@ -39,20 +39,14 @@ class any_reduce_scatterer {
   any_reduce_scatterer(compressor_spec const& spec, Collective& collective, bucket_layout layout, Space space,
                        allreducer_options options = {})
       : spec_(spec) {
-    std::string failure;
-    try {  // a spec only this rank rejects must fail every rank (the others would wait)
-      (void)visit_compressor(spec, collective.size(), [](auto c, auto) {
-        if constexpr (!detail::shards_by_elements<decltype(c)>)
-          throw invalid_argument(std::string(decltype(c)::name) +
-                                 " cannot reduce-scatter (its payload does not sum element by element, or needs "
-                                 "the tensors' shapes); use an all-reduce");
-        return 0;
-      });
-    } catch (std::exception const& e) {
-      failure = e.what();
-    }
-    detail::expect_none_failed(detail::agreement(collective, space, 0, 0, failure), failure, "any_reduce_scatterer",
-                               "this compressor_spec");
+    std::string const failure = detail::spec_failure(spec, collective.size(), [](auto c) {
+      if constexpr (!detail::shards_by_elements<decltype(c)>)
+        throw invalid_argument(std::string(decltype(c)::name) +
+                               " cannot reduce-scatter (its payload does not sum element by element, or needs "
+                               "the tensors' shapes); use an all-reduce");
+    });
+    expect_none_failed(agreement(collective, space, 0, 0, failure), failure, "any_reduce_scatterer",
+                       "this compressor_spec");
     impl_ = visit_compressor(spec, collective.size(), [&](auto c, auto ef) -> std::unique_ptr<base> {
       if constexpr (detail::shards_by_elements<decltype(c)>) {
         using scatterer = reduce_scatterer<decltype(c), decltype(ef), Collective, Space, Gradient>;

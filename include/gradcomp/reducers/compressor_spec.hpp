@@ -18,6 +18,7 @@
 #include <charconv>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -246,5 +247,24 @@ decltype(auto) visit_compressor(compressor_spec const& spec, int ranks, Make&& m
   }
   throw invalid_argument("compressor_spec: unknown compressor '" + s.name + "' (" + compressor_spec::names() + ")");
 }
+
+namespace detail {
+/// Why this rank cannot build what `spec` names for `ranks` ranks ("" if it
+/// can): a name or parameter it rejects, or what `refuse(compressor)` throws
+/// for a compressor the caller cannot use. The caller then agrees with the
+/// other ranks, because a spec only one rank rejects must fail every rank.
+template <class Refuse>
+std::string spec_failure(compressor_spec const& spec, int ranks, Refuse&& refuse) {
+  try {
+    (void)visit_compressor(spec, ranks, [&](auto c, auto) {
+      refuse(c);
+      return 0;
+    });
+  } catch (std::exception const& e) {
+    return e.what();
+  }
+  return {};
+}
+}  // namespace detail
 
 }  // namespace gradcomp

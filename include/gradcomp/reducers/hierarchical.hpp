@@ -251,9 +251,9 @@ class hierarchical_allreducer {
     std::size_t const slot = parts_.slot;
     // The world's ranks must agree before the rails exchange anything; each
     // sees every rank's statement, so all throw here or none does.
-    if (std::string const why = disagreement(
-            detail::agreement(groups.local, groups.cross, space_, d,
-                              detail::hash_combine(compressor.fingerprint(), type_tag()), d == 0 ? "the bucket is empty" : ""));
+    if (std::string const why = disagreement(agreement(groups.local, groups.cross, space_, d,
+                                                       detail::hash_combine(compressor.fingerprint(), type_tag()),
+                                                       d == 0 ? "the bucket is empty" : ""));
         !why.empty())
       throw invalid_argument(why);
     std::string failure;
@@ -278,8 +278,8 @@ class hierarchical_allreducer {
       failure = "across " + std::to_string(nodes) + " nodes of " +
                 std::to_string(per_node) + " ranks (lanes sum one value per node): " + e.what();
     }
-    detail::expect_none_failed(detail::agreement(groups.local, groups.cross, space_, 0, 0, failure), failure,
-                               "hierarchical_allreducer", "this configuration");
+    expect_none_failed(agreement(groups.local, groups.cross, space_, 0, 0, failure), failure, "hierarchical_allreducer",
+                       "this configuration");
     space_.fill_zero(whole_.data(), whole_.size() * sizeof(Gradient));
   }
 
@@ -408,8 +408,7 @@ class hierarchical_allreducer {
       failure = e.what();
     }
     auto& g = *groups_;
-    detail::expect_restorable(detail::agreement(g.local, g.cross, space_, failure.empty() ? c.steps : 0, 0, failure),
-                              failure);
+    expect_restorable(agreement(g.local, g.cross, space_, failure.empty() ? c.steps : 0, 0, failure), failure);
     inner_->restore(c);
   }
   /// @}
@@ -418,7 +417,7 @@ class hierarchical_allreducer {
   // Why the world cannot set up this bucket, as every rank sees it ("" if
   // it can): a rank that failed, or one whose bucket or compressor differs
   // from rank 0's.
-  static std::string disagreement(detail::agreement const& all) {
+  static std::string disagreement(agreement const& all) {
     if (int const r = all.first_failed(); r >= 0)
       return "hierarchical_allreducer: rank " + std::to_string(r) + " cannot use this configuration: " + all.why(r);
     if (int const r = all.first_other_a(); r >= 0)

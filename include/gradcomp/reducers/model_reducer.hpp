@@ -251,9 +251,9 @@ class model_reducer {
       failure = e.what();
     }
     // One agreement for every bucket, over the world.
-    detail::expect_restorable(groups_ ? detail::agreement(groups_->local, groups_->cross, space_, steps, 0, failure)
-                                      : detail::agreement(*collective_, space_, steps, 0, failure),
-                              failure);
+    expect_restorable(groups_ ? agreement(groups_->local, groups_->cross, space_, steps, 0, failure)
+                              : agreement(*collective_, space_, steps, 0, failure),
+                      failure);
     for (std::size_t b = 0; b < reducers_.size(); ++b) reducers_[b]->restore(parsed[b]);
   }
   /// @}
