@@ -242,6 +242,7 @@ class sharded_reducer : public reducer {
     gradcomp::host_space const one{.threads = 1};  // the ranks are the threads
     auto const& tensors = layout.tensors();
     bucket_of_.resize(tensors.size());
+    offset_in_bucket_.resize(tensors.size());
     // Buckets in backward order: matrices up to the cap, vectors on their own.
     std::size_t constexpr none = ~std::size_t{0};
     std::size_t open[2] = {none, none};  // the open bucket of matrices, and of vectors
@@ -250,6 +251,7 @@ class sharded_reducer : public reducer {
       if (open[kind] == none) open[kind] = buckets_.size(), buckets_.emplace_back();
       bucket& b = buckets_[open[kind]];
       bucket_of_[t] = open[kind];
+      offset_in_bucket_[t] = b.layout.size();
       b.tensors.push_back(t);
       b.offsets.push_back(b.layout.size());
       b.layout.add(tensors[t].shape);
@@ -276,7 +278,7 @@ class sharded_reducer : public reducer {
 
   void ready(std::size_t tensor, float const* values) override {
     bucket& b = buckets_[bucket_of_[tensor]];
-    std::size_t const at = b.offsets[position(b, tensor)];
+    std::size_t const at = offset_in_bucket_[tensor];
     std::size_t const n = layout_.tensors()[tensor].elements;
     for (std::size_t i = 0; i < n; ++i) b.values[at + i] = G(values[i]);
     if (--b.waiting > 0) return;
@@ -406,9 +408,6 @@ class sharded_reducer : public reducer {
     }
   }
 
-  static std::size_t position(bucket const& b, std::size_t tensor) {
-    return static_cast<std::size_t>(std::find(b.tensors.begin(), b.tensors.end(), tensor) - b.tensors.begin());
-  }
   // Calls f(flat offset, bucket offset, count) for each run of the bucket's
   // elements [first, first + count) that lies in one tensor.
   template <class F>
@@ -424,8 +423,9 @@ class sharded_reducer : public reducer {
   gradcomp::bucket_layout layout_;
   timed timed_;
   std::vector<bucket> buckets_;
-  std::vector<std::size_t> bucket_of_;  // layout tensor -> its bucket
-  bool sixteen_bit_;                    // weights all-gathered in bf16
+  std::vector<std::size_t> bucket_of_;         // layout tensor -> its bucket ...
+  std::vector<std::size_t> offset_in_bucket_;  // ... and where it starts there
+  bool sixteen_bit_;                           // weights all-gathered in bf16
   double busy_ = 0;
 };
 
