@@ -16,7 +16,9 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <tuple>
+#include <vector>
 
 namespace {
 
@@ -151,16 +153,21 @@ TEST_CASE("the bf16 pipeline gives bitwise the host's result on the device") {
   for (int r = 0; r < 4; ++r) CHECK(host_out[r] == device_out[r]);
 }
 
-TEST_CASE("a bf16 reduce-scatter gives bitwise the host's shard on the device") {
+namespace {
+// Reduce-scatters `steps` fresh gradients of d elements through `c` (error
+// feedback carried across them), on the host and on the device, and checks
+// that this rank's shards agree bitwise at every step. `what` names the case.
+template <class C>
+void expect_device_shards_as_host(std::string const& what, C const& c, gradcomp::local_group::communicator& comm,
+                                  std::size_t d, int steps) {
   using namespace gradcomp;
   using namespace gradcomp::testing;
-  local_group::run(4, [&](local_group::communicator& comm) {
-    std::size_t const d = 100003;
-    auto const g = random_gradient(shared_seed(comm), comm.rank(), d);
-    reduce_scatterer<bf16, error_feedback::residual, local_group::communicator, host_space> on_host(
-        bf16{}, comm, bucket_layout(d), host_space{});
-    reduce_scatterer<bf16, error_feedback::residual, local_group::communicator, cuda_space> on_device(
-        bf16{}, comm, bucket_layout(d), cuda_space{});
+  using ef = error_feedback::residual;
+  reduce_scatterer<C, ef, local_group::communicator, host_space> on_host(c, comm, bucket_layout(d), host_space{});
+  reduce_scatterer<C, ef, local_group::communicator, cuda_space> on_device(c, comm, bucket_layout(d), cuda_space{});
+  std::uint64_t const seed = shared_seed(comm);
+  for (int step = 0; step < steps; ++step) {
+    auto const g = random_gradient(seed + step, comm.rank(), d);
     auto h = g;
     std::vector<float> host_shard(on_host.shard_size());
     on_host({h.data(), d}, {host_shard.data(), host_shard.size()});
@@ -168,34 +175,24 @@ TEST_CASE("a bf16 reduce-scatter gives bitwise the host's shard on the device") 
     buffer<float, cuda_space> device_shard(on_device.shard_size(), cuda_space{});
     on_device(dg.view(), device_shard.view());
     on_device.synchronize();
+    INFO(what << ", rank " << comm.rank() << ", step " << step);
     CHECK(download(cuda_space{}, device_shard.data(), device_shard.size()) == host_shard);
+  }
+}
+}  // namespace
+
+TEST_CASE("a bf16 reduce-scatter gives bitwise the host's shard on the device") {
+  gradcomp::local_group::run(4, [](gradcomp::local_group::communicator& comm) {
+    expect_device_shards_as_host("bf16", gradcomp::bf16{}, comm, 100003, 1);
   });
 }
 
 TEST_CASE("a THC reduce-scatter decodes each rank's blocks bitwise as the host does, in both kernels") {
-  using namespace gradcomp;
-  using namespace gradcomp::testing;
   for (std::size_t block : {std::size_t{256}, std::size_t{64}}) {  // the register kernel, the shared-memory one
-    local_group::run(4, [&](local_group::communicator& comm) {
-      std::size_t const d = 100003;  // not a whole number of blocks: the last shard is short
-      thc<> const c{.block = block};
-      reduce_scatterer<thc<>, error_feedback::residual, local_group::communicator, host_space> on_host(
-          c, comm, bucket_layout(d), host_space{});
-      reduce_scatterer<thc<>, error_feedback::residual, local_group::communicator, cuda_space> on_device(
-          c, comm, bucket_layout(d), cuda_space{});
-      std::uint64_t const seed = shared_seed(comm);
-      for (int step = 0; step < 3; ++step) {  // with error feedback carried across steps
-        auto const g = random_gradient(seed + step, comm.rank(), d);
-        auto h = g;
-        std::vector<float> host_shard(on_host.shard_size());
-        on_host({h.data(), d}, {host_shard.data(), host_shard.size()});
-        auto dg = upload(cuda_space{}, g);
-        buffer<float, cuda_space> device_shard(on_device.shard_size(), cuda_space{});
-        on_device(dg.view(), device_shard.view());
-        on_device.synchronize();
-        INFO("block " << block << ", rank " << comm.rank() << ", step " << step);
-        CHECK(download(cuda_space{}, device_shard.data(), device_shard.size()) == host_shard);
-      }
+    gradcomp::local_group::run(4, [&](gradcomp::local_group::communicator& comm) {
+      // 100003 is not a whole number of blocks: the last shard is short.
+      expect_device_shards_as_host("thc, block " + std::to_string(block), gradcomp::thc<>{.block = block}, comm,
+                                   100003, 3);
     });
   }
 }
