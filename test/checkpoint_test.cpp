@@ -319,6 +319,27 @@ TEST_CASE("state of one's own restores through the reducers' agreement: every ra
   for (auto const& e : errors)
     CHECK(e == "rank " + std::to_string(odd) + " cannot restore its checkpoint (a torn file); no rank restored anything");
 
+  // Two ranks fail: every rank names the first, with its reason, after a
+  // restore and after a set-up.
+  int const other = (odd + 1) % n;
+  std::vector<std::string> set_up(static_cast<std::size_t>(n));
+  local_group::run(n, [&](local_group::communicator& comm) {
+    int const r = comm.rank();
+    std::string const failure = r == odd || r == other ? "rank " + std::to_string(r) + "'s torn file" : "";
+    verdict(comm, step, failure);
+    try {
+      expect_none_failed(agreement(comm, host_space{.threads = 1}, 0, 0, failure), failure, "loader", "its file");
+    } catch (invalid_argument const& e) {
+      set_up[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  std::string const first = std::to_string(std::min(odd, other));
+  for (auto const& e : errors)
+    CHECK(e == "rank " + first + " cannot restore its checkpoint (rank " + first +
+                   "'s torn file); no rank restored anything");
+  for (auto const& e : set_up)
+    CHECK(e == "loader: rank " + first + " cannot use its file: rank " + first + "'s torn file");
+
   local_group::run(n, [&](local_group::communicator& comm) {  // all agree: nobody throws, every statement arrives
     agreement const all(comm, host_space{.threads = 1}, step, static_cast<std::uint64_t>(comm.rank()), "");
     CHECK_NOTHROW(expect_restorable(all, ""));

@@ -110,26 +110,33 @@ class agreement {
   int self_ = 0;
 };
 
+namespace detail {
+/// The reason rank r gave: whole on rank r itself (`mine` is this rank's
+/// own failure), as the agreement carried it (cut to fit) on the others.
+inline std::string reason_of(agreement const& all, int r, std::string const& mine) {
+  return r == all.self() && !mine.empty() ? mine : all.why(r);
+}
+}  // namespace detail
+
 /// The verdict on a set-up: if any rank failed, throws invalid_argument on
-/// every rank, "WHO: rank r cannot use WHAT: why". `mine` is this rank's own
-/// failure: a rank that failed reports its own reason whole (the agreement
-/// cuts them), the others the first failed rank's.
+/// every rank, "WHO: rank r cannot use WHAT: why", r the first rank that
+/// failed, so that every rank names the same one. `mine` is this rank's own
+/// failure.
 inline void expect_none_failed(agreement const& all, std::string const& mine, std::string const& who,
                                std::string const& what) {
-  if (int const r = mine.empty() ? all.first_failed() : all.self(); r >= 0)
+  if (int const r = all.first_failed(); r >= 0)
     throw invalid_argument(who + ": rank " + std::to_string(r) + " cannot use " + what + ": " +
-                           (mine.empty() ? all.why(r) : mine));
+                           detail::reason_of(all, r, mine));
 }
 
 /// The verdict on a restore whose statements carry each rank's step in `a`:
 /// unless every rank can restore its checkpoint and all are of one step,
-/// throws checkpoint_error on every rank. `mine` is this rank's own failure:
-/// a rank that failed reports its own reason whole (the agreement cuts them),
-/// the others the first failed rank's.
+/// throws checkpoint_error on every rank, naming the first rank that failed
+/// (the same on every rank). `mine` is this rank's own failure.
 inline void expect_restorable(agreement const& all, std::string const& mine) {
-  if (int const r = mine.empty() ? all.first_failed() : all.self(); r >= 0)
+  if (int const r = all.first_failed(); r >= 0)
     throw checkpoint_error("rank " + std::to_string(r) + " cannot restore its checkpoint (" +
-                           (mine.empty() ? all.why(r) : mine) + "); no rank restored anything");
+                           detail::reason_of(all, r, mine) + "); no rank restored anything");
   if (int const r = all.first_other_a(); r >= 0)
     throw checkpoint_error("the ranks' checkpoints are of different steps (rank 0: " + std::to_string(all.of(0).a) +
                            ", rank " + std::to_string(r) + ": " + std::to_string(all.of(r).a) +
