@@ -213,6 +213,22 @@ TEST_CASE("a sharded optimizer updates each rank's shard and all-gathers the wei
     o.checkpoint = (dir / "wide").string();
     o.checkpoint_every = 20;
     run_local(o);  // leaves step 40's files
+    {  // each rank's momentum is its shard's: the ranks' lengths add up to the model's
+      std::uint64_t weights = 0, momenta = 0;
+      for (int r = 0; r < 4; ++r) {
+        std::ifstream in(train::checkpoint::file(o.checkpoint, r), std::ios::binary);
+        std::uint64_t sizes[3];  // after the magic and five words: weights, momentum, reducer state
+        in.seekg(sizeof train::checkpoint::magic + 5 * 8);
+        REQUIRE(in.read(reinterpret_cast<char*>(sizes), sizeof sizes));
+        CHECK(sizes[1] > 0);
+        CHECK(sizes[1] < sizes[0] / 2);
+        weights = sizes[0], momenta += sizes[1];
+      }
+      CHECK(momenta == weights);
+      train::options replicated = o;  // a sharded checkpoint resumed by a replicated run
+      replicated.shard_optimizer = false, replicated.checkpoint.clear(), replicated.resume = o.checkpoint;
+      CHECK_THROWS_WITH(run_local(replicated), doctest::Contains("is the optimizer sharded in one run"));
+    }
     train::options other = o;
     other.checkpoint.clear(), other.checkpoint_every = 0, other.max_steps = 120;
     other.resume = o.checkpoint;

@@ -445,8 +445,9 @@ reducer_factory host_reducers(options const& o, Collective& comm) {
   };
 }
 
-/// What a rank saves to resume a run: the weights, the optimizer's momentum,
-/// the reducer's state and where the run was. One file per rank.
+/// What a rank saves to resume a run: the weights, the optimizer's momentum
+/// (of this rank's shards: all of them unless the optimizer is sharded), the
+/// reducer's state and where the run was. One file per rank.
 struct checkpoint {
   std::uint64_t step = 0;
   double wall_s = 0, loss_sum = 0;
@@ -471,8 +472,9 @@ struct checkpoint {
     std::rename(tmp.c_str(), path.c_str());  // a crash mid-write leaves the last whole checkpoint
   }
 
-  /// Reads a file write() wrote for a model of `d` parameters.
-  static checkpoint read(std::string const& path, std::size_t d) {
+  /// Reads a file write() wrote for a model of `d` parameters, of which
+  /// this rank owns `owned` (its momentum's length).
+  static checkpoint read(std::string const& path, std::size_t d, std::size_t owned) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw std::runtime_error("cannot open the checkpoint " + path);
     checkpoint c;
@@ -485,12 +487,16 @@ struct checkpoint {
     get(m, sizeof m);
     if (std::memcmp(m, magic, sizeof m) != 0) throw std::runtime_error(path + " is not a training checkpoint");
     get(&c.step, 8), get(&c.wall_s, 8), get(&c.loss_sum, 8), get(&c.loss_count, 8), get(&c.wire, 8), get(sizes, sizeof sizes);
-    if (sizes[0] != d || sizes[1] != d)
+    if (sizes[0] != d)
       throw std::runtime_error("the checkpoint " + path + " is of a model of " + std::to_string(sizes[0]) +
                                " parameters; this one has " + std::to_string(d));
+    if (sizes[1] != owned)
+      throw std::runtime_error("the checkpoint " + path + " holds the momentum of " + std::to_string(sizes[1]) +
+                               " parameters; this rank updates " + std::to_string(owned) +
+                               " (is the optimizer sharded in one run and not the other?)");
     if (sizes[2] > (std::uint64_t{1} << 32)) throw std::runtime_error("the checkpoint " + path + " is corrupt");
-    c.weights.resize(d), c.velocity.resize(d), c.reducer.resize(sizes[2]);
-    get(c.weights.data(), d * 4), get(c.velocity.data(), d * 4), get(c.reducer.data(), c.reducer.size());
+    c.weights.resize(d), c.velocity.resize(owned), c.reducer.resize(sizes[2]);
+    get(c.weights.data(), d * 4), get(c.velocity.data(), owned * 4), get(c.reducer.data(), c.reducer.size());
     return c;
   }
 
@@ -535,14 +541,18 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
   std::size_t const d = model.layout().size();
 
   auto reduce = (make ? make : host_reducers(o, comm))(model.layout());
+  // The runs of weights this rank updates; the optimizer's state (momentum,
+  // 16-bit gathers' fp32 masters) holds only those, one run after another.
   auto const owned = reduce->owned(d);
+  std::size_t state = 0;
+  for (auto const& run : owned) state += run.count;
 
   // This rank's shard: every ranks-th example, reshuffled each epoch.
   std::vector<std::size_t> shard;
   for (std::size_t i = rank; i < train_set.count; i += ranks) shard.push_back(i);
   std::size_t const steps_per_epoch = shard.size() / o.batch;
   std::size_t const total_steps = static_cast<std::size_t>(o.epochs * static_cast<double>(steps_per_epoch));
-  std::vector<float> images(o.batch * train_set.pixels), gradient(d), velocity(d, 0.0f);
+  std::vector<float> images(o.batch * train_set.pixels), gradient(d), velocity(state, 0.0f);
   std::vector<std::uint8_t> labels(o.batch);
   auto shuffle = [&](std::size_t epoch) {
     std::shuffle(shard.begin(), shard.end(), std::mt19937_64(o.seed * 7919 + epoch * 131 + rank));
@@ -555,7 +565,7 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
     checkpoint c;
     std::string failure;
     try {
-      c = checkpoint::read(checkpoint::file(o.resume, rank), d);
+      c = checkpoint::read(checkpoint::file(o.resume, rank), d, state);
     } catch (std::exception const& e) {
       failure = e.what();
     }
@@ -573,7 +583,9 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
   // shards, and every rank computes with the weights rounded to bf16.
   std::vector<float> master;
   if (o.shard_optimizer && o.gather_dtype == "bf16") {
-    master = model.params();
+    for (auto const& run : owned)
+      master.insert(master.end(), model.params().begin() + static_cast<std::ptrdiff_t>(run.first),
+                    model.params().begin() + static_cast<std::ptrdiff_t>(run.first + run.count));
     for (float& x : model.params()) x = static_cast<float>(gradcomp::bfloat16(x));
   }
   auto const start = clock::now();
@@ -608,12 +620,16 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
     wire += reduce->wire_bytes();
 
     auto& w = model.params();
-    float* const updated = master.empty() ? w.data() : master.data();
+    std::size_t k = 0;             // this weight's place in the optimizer's state
     for (auto const& run : owned)  // (a sharded optimizer: this rank's shards; then every rank's weights)
-      for (std::size_t i = run.first; i < run.first + run.count; ++i) {
-        velocity[i] = o.momentum * velocity[i] + gradient[i];
-        updated[i] -= o.lr * velocity[i];
-        w[i] = updated[i];
+      for (std::size_t i = run.first; i < run.first + run.count; ++i, ++k) {
+        velocity[k] = o.momentum * velocity[k] + gradient[i];
+        if (master.empty()) {
+          w[i] -= o.lr * velocity[k];
+        } else {
+          master[k] -= o.lr * velocity[k];
+          w[i] = master[k];
+        }
       }
     reduce->share(w.data());
     if (o.check_replicas) {
@@ -648,8 +664,11 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
       double now = rank == 0 ? wall() : 0;  // rank 0's clock, as the records
       comm.broadcast(&now, 1, 0);
       checkpoint c{step + 1, now, loss_sum, loss_count, wire, model.params(), velocity, reduce->save()};
-      for (auto const& run : master.empty() ? decltype(owned){} : owned)  // this rank's masters, whole
-        std::copy_n(master.data() + run.first, run.count, c.weights.data() + run.first);
+      std::size_t k = 0;
+      for (auto const& run : master.empty() ? decltype(owned){} : owned) {  // this rank's masters, whole
+        std::copy_n(master.data() + k, run.count, c.weights.data() + run.first);
+        k += run.count;
+      }
       c.write(checkpoint::file(o.checkpoint, rank));
     }
   }
