@@ -253,7 +253,6 @@ class sharded_reducer : public reducer {
       bucket_of_[t] = open[kind];
       offset_in_bucket_[t] = b.layout.size();
       b.tensors.push_back(t);
-      b.offsets.push_back(b.layout.size());
       b.layout.add(tensors[t].shape);
       if (kind == 0 && b.layout.size() * sizeof(G) >= (o.bucket_kb << 10)) open[kind] = none;
     }
@@ -380,7 +379,6 @@ class sharded_reducer : public reducer {
  private:
   struct bucket {
     std::vector<std::size_t> tensors;  // layout indices, in bucket order
-    std::vector<std::size_t> offsets;  // where each starts in the bucket
     gradcomp::bucket_layout layout;
     std::unique_ptr<scatterer> scatter;
     std::vector<G> values, shard;      // the bucket's gradient; this rank's shard of the mean
@@ -413,10 +411,11 @@ class sharded_reducer : public reducer {
   template <class F>
   void for_each_run(bucket const& b, std::size_t first, std::size_t count, F&& f) const {
     std::size_t const end = first + count;
-    for (std::size_t i = 0; i < b.tensors.size(); ++i) {
-      auto const& t = layout_.tensors()[b.tensors[i]];
-      std::size_t const lo = std::max(first, b.offsets[i]), hi = std::min(end, b.offsets[i] + t.elements);
-      if (lo < hi) f(t.offset + (lo - b.offsets[i]), lo, hi - lo);
+    for (std::size_t tensor : b.tensors) {
+      auto const& t = layout_.tensors()[tensor];
+      std::size_t const at = offset_in_bucket_[tensor];
+      std::size_t const lo = std::max(first, at), hi = std::min(end, at + t.elements);
+      if (lo < hi) f(t.offset + (lo - at), lo, hi - lo);
     }
   }
 
