@@ -46,9 +46,9 @@ inline constexpr std::uint32_t checkpoint_format = 1;
 
 /// What saved a checkpoint.
 enum class checkpoint_kind : std::uint32_t {
-  allreducer = 1,  ///< One bucket's allreducer.
-  reducer = 2,     ///< A model-level reducer: its buckets' checkpoints.
-  hierarchical = 3,  ///< One bucket's hierarchical_allreducer: its shard's checkpoint.
+  allreducer = 1,    ///< One bucket's allreducer.
+  reducer = 2,       ///< A model-level reducer: its buckets' checkpoints.
+  hierarchical = 3,  ///< One bucket's two-level reducer (all-reduce or reduce-scatter): its rail's checkpoint.
 };
 
 namespace detail {
@@ -158,6 +158,8 @@ inline char const* kind_name(std::uint32_t kind) {
       return "an allreducer";
     case static_cast<std::uint32_t>(checkpoint_kind::reducer):
       return "a reducer";
+    case static_cast<std::uint32_t>(checkpoint_kind::hierarchical):
+      return "a hierarchical reducer";
     default:
       return "an unknown kind of object";
   }

@@ -159,6 +159,10 @@ class rail_collective {
   void broadcast(T* buffer, std::size_t count, int root) {
     cross_->broadcast(buffer, count, root);
   }
+  template <wire_type T>
+  void reduce_scatter(T const* send, T* recv, std::size_t count, reduce_op op) {
+    cross_->reduce_scatter(send, recv, count, op);
+  }
   /// The step's status words summed over the world: over the rail, then
   /// over the node (each rank counted once).
   void agree(std::uint64_t const* send, std::uint64_t* recv) {
@@ -204,6 +208,180 @@ struct divide_by {
 struct same_value {
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, float x, float& out) const { out = x; }
 };
+
+/// The first level of a two-level step, which the hierarchical all-reduce and
+/// reduce-scatter share: the node's reduce-scatter of a bucket (fp32, or bf16
+/// for half the bytes), after which this rank holds the node's mean of its
+/// slot, in fp32. Owns the padded bucket, which the all-gather reuses.
+template <class Space, class Gradient>
+class node_reduction {
+  static constexpr bool wide = std::is_same_v<Gradient, float>;
+
+ public:
+  using memory = typename Space::memory;
+
+  node_reduction(node_parts parts, Space space, bool bf16)
+      : parts_(std::move(parts)), in_place_(parts_.in_place()), space_(space), bf16_(bf16) {
+    std::size_t const slot = parts_.slot, padded = slot * parts_.of_rank.size();
+    whole_ = buffer<Gradient, Space>(padded, space_);
+    part_ = buffer<float, Space>(slot, space_);
+    if (bf16)  // the node's sum, after the bucket in bf16 unless it is already
+      narrow_ = buffer<bfloat16, Space>(std::is_same_v<Gradient, bfloat16> ? slot : slot + padded, space_);
+    else if (!wide)
+      widened_ = buffer<float, Space>(padded, space_);
+    space_.fill_zero(whole_.data(), padded * sizeof(Gradient));
+  }
+
+  /// Reduce-scatters `gradient` (the bucket, or when `ok` is false the padded
+  /// bucket's old contents, so that a rank with a wrong size still takes part)
+  /// over the node `local`, and returns this rank's slot of the node's mean.
+  template <class Collective>
+  float* operator()(Collective& local, span<Gradient, memory> gradient, bool ok) {
+    std::size_t const slot = parts_.slot, padded = whole_.size();
+    float const per_node = static_cast<float>(local.size());
+    Gradient* send = !ok         ? whole_.data()
+                     : in_place_ ? padded_bucket(space_, gradient, whole_.data(), padded)
+                                 : pack(gradient);
+    if (bf16_) {
+      bfloat16* node_in = narrow_.data() + slot;
+      if constexpr (std::is_same_v<Gradient, bfloat16>)
+        node_in = send;
+      else
+        transform(space_, padded, inputs(gradient_stream(send)), outputs(widened<bfloat16>{node_in}), same_value{});
+      local.reduce_scatter(node_in, narrow_.data(), slot, reduce_op::sum);
+      transform(space_, slot, inputs(widened<bfloat16>{narrow_.data()}), outputs(part_.data()), divide_by{per_node});
+    } else {
+      float* node_in = widened_.data();
+      if constexpr (wide)
+        node_in = send;
+      else
+        transform(space_, padded, inputs(gradient_stream(send)), outputs(node_in), same_value{});
+      local.reduce_scatter(node_in, part_.data(), slot, reduce_op::sum);
+      transform(space_, slot, inputs(part_.data()), outputs(part_.data()), divide_by{per_node});
+    }
+    return part_.data();
+  }
+
+  /// Each local rank's part of the bucket, and the slot it travels in.
+  node_parts const& parts() const { return parts_; }
+  /// True when the padded bucket is the slots in order (parts_.in_place()).
+  bool in_place() const { return in_place_; }
+  /// The padded bucket: the slots of every local rank.
+  Gradient* whole() { return whole_.data(); }
+  std::size_t padded() const { return whole_.size(); }
+  /// Bytes each rank sends into the node's reduce-scatter.
+  std::size_t bytes() const { return whole_.size() * (bf16_ ? sizeof(bfloat16) : sizeof(float)); }
+
+  /// The all-gathered slots back into the bucket (runs of tensors).
+  void unpack(span<Gradient, memory> gradient) {
+    for (std::size_t r = 0; r < parts_.of_rank.size(); ++r) {
+      auto const [first, count] = parts_.of_rank[r];
+      space_.copy(gradient.data() + first, whole_.data() + r * parts_.slot, count * sizeof(Gradient));
+    }
+  }
+
+ private:
+  // The bucket in slots, for a reduce-scatter whose slots are not where the
+  // parts are in the bucket (runs of tensors): each part, then zeros.
+  Gradient* pack(span<Gradient, memory> gradient) {
+    Gradient* whole = whole_.data();
+    for (std::size_t r = 0; r < parts_.of_rank.size(); ++r) {
+      auto const [first, count] = parts_.of_rank[r];
+      Gradient* slot = whole + r * parts_.slot;
+      space_.copy(slot, gradient.data() + first, count * sizeof(Gradient));
+      space_.fill_zero(slot + count, (parts_.slot - count) * sizeof(Gradient));
+    }
+    return whole;
+  }
+
+  node_parts parts_;
+  bool in_place_;
+  Space space_;
+  bool bf16_;
+  buffer<Gradient, Space> whole_;   // the padded bucket (padding, and the all-gather)
+  buffer<float, Space> part_;       // this rank's slot: the node's mean
+  buffer<bfloat16, Space> narrow_;  // bf16 within the node: the slot's sum, then the bucket in bf16
+  buffer<float, Space> widened_;    // a 16-bit bucket in fp32, for an fp32 reduce-scatter
+};
+
+/// The identity of a two-level reducer's checkpoints: the world's size, and
+/// this rank's place in it counted node by node.
+template <class Collective>
+checkpoint_identity two_level_identity(node_groups<Collective> const& g, std::uint64_t fingerprint) {
+  return {checkpoint_kind::hierarchical, fingerprint, static_cast<std::uint32_t>(g.nodes() * g.ranks_per_node()),
+          static_cast<std::uint32_t>(g.cross.rank() * g.ranks_per_node() + g.local.rank())};
+}
+
+/// A two-level reducer's checkpoint: its rail's state, in an envelope that
+/// names the world.
+inline std::vector<std::byte> wrap_rail_state(checkpoint_identity const& id, std::vector<std::byte> const& rail) {
+  checkpoint_writer w(id);
+  w.word(rail.size());
+  w.raw(rail.data(), rail.size());
+  return std::move(w).finish();
+}
+
+/// The rail's state inside a two-level checkpoint (checkpoint_error if the
+/// envelope does not match `id`).
+inline span<std::byte const> unwrap_rail_state(span<std::byte const> bytes, checkpoint_identity const& id) {
+  checkpoint_reader r(open(bytes, id));
+  auto const rail = r.block("the shard's state");
+  r.finish();
+  return rail;
+}
+
+/// Restores `reducer` (a two-level reducer) from `bytes` on every rank of
+/// the world together, or on none (checkpoint_error naming the problem).
+template <class Reducer, class Collective, class Space>
+void restore_on_every_rank(Reducer& reducer, node_groups<Collective>& g, Space const& space,
+                           span<std::byte const> bytes) {
+  bucket_checkpoint c;
+  std::string failure;
+  try {
+    c = reducer.parse_checkpoint(bytes);
+  } catch (checkpoint_error const& e) {
+    failure = e.what();
+  }
+  expect_restorable(agreement(g.local, g.cross, space, failure.empty() ? c.steps : 0, 0, failure), failure);
+  reducer.restore(c);
+}
+
+/// Sets a two-level reducer (named `who`) up on every rank of the world
+/// together, or on none. First every rank states its bucket size `d` and
+/// `fingerprint` (its compressor, parameters and gradient type), and sees
+/// every other's, before any rail exchanges anything; then `build` runs, and
+/// if it throws on any rank (a lane that would overflow), every rank throws
+/// invalid_argument naming the first rank that failed.
+template <class Collective, class Space, class Build>
+void set_up_on_every_rank(node_groups<Collective>& g, Space const& space, std::size_t d, std::uint64_t fingerprint,
+                          char const* who, Build&& build) {
+  agreement const all(g.local, g.cross, space, d, fingerprint, d == 0 ? "the bucket is empty" : "");
+  std::string const name(who);
+  if (int const r = all.first_failed(); r >= 0)
+    throw invalid_argument(name + ": rank " + std::to_string(r) + " cannot use this configuration: " + all.why(r));
+  if (int const r = all.first_other_a(); r >= 0)
+    throw invalid_argument(name + ": ranks disagree on the bucket size: rank 0 has " + std::to_string(all.of(0).a) +
+                           " elements, rank " + std::to_string(r) + " has " + std::to_string(all.of(r).a));
+  if (int const r = all.first_other_b(); r >= 0)
+    throw invalid_argument(name + ": rank " + std::to_string(r) +
+                           "'s compressor, its parameters or the gradients' type differ from rank 0's");
+  std::string failure;
+  try {
+    build();
+  } catch (std::exception const& e) {
+    failure = "across " + std::to_string(g.nodes()) + " nodes of " + std::to_string(g.ranks_per_node()) +
+              " ranks (lanes sum one value per node): " + e.what();
+  }
+  expect_none_failed(agreement(g.local, g.cross, space, 0, 0, failure), failure, who, "this configuration");
+}
+
+/// How a two-level reducer's buckets are stored, for the ranks' agreement
+/// (float: 0, as before 16-bit buckets existed, so that fp32 checkpoints keep
+/// their identity).
+template <class Gradient>
+inline constexpr std::uint64_t gradient_tag = std::is_same_v<Gradient, float>      ? 0
+                                              : std::is_same_v<Gradient, bfloat16> ? 1
+                                                                                   : 2;
 }  // namespace detail
 
 /// A bucket reduced in two levels (see the top of this header): the result is
@@ -240,103 +418,60 @@ class hierarchical_allreducer {
   hierarchical_allreducer(Compressor compressor, node_groups<Collective>& groups, bucket_layout layout, Space space,
                           hierarchical_options options = {})
       : groups_(&groups), layout_(std::move(layout)), space_(space), options_(options), rail_(groups.cross, groups.local) {
-    int const nodes = groups.nodes(), per_node = groups.ranks_per_node();
+    int const per_node = groups.ranks_per_node();
     std::size_t const d = layout_.size();
     int const first = static_cast<int>(options_.reduce.bucket % static_cast<std::uint64_t>(per_node));
+    detail::node_parts parts;
     if constexpr (detail::shards_by_tensors<Compressor>)
-      parts_ = detail::tensor_parts(layout_, per_node, first);
+      parts = detail::tensor_parts(layout_, per_node, first);
     else
-      parts_ = detail::element_parts(d, per_node, detail::shard_alignment(compressor));
-    in_place_ = parts_.in_place();
-    std::size_t const slot = parts_.slot;
-    // The world's ranks must agree before the rails exchange anything; each
-    // sees every rank's statement, so all throw here or none does.
-    if (std::string const why = disagreement(agreement(groups.local, groups.cross, space_, d,
-                                                       detail::hash_combine(compressor.fingerprint(), type_tag()),
-                                                       d == 0 ? "the bucket is empty" : ""));
-        !why.empty())
-      throw invalid_argument(why);
-    std::string failure;
-    try {
-      allreducer_options o = options_.reduce;
-      o.bucket = o.bucket * static_cast<std::uint64_t>(per_node) + static_cast<std::uint64_t>(groups.local.rank());
-      auto const local_rank = static_cast<std::size_t>(groups.local.rank());
-      if constexpr (detail::shards_by_tensors<Compressor>)
-        inner_.emplace(std::move(compressor), rail_, detail::tensors_within(layout_, parts_.of_rank[local_rank]),
-                       space_, o);
-      else
-        inner_.emplace(std::move(compressor), rail_, bucket_layout(slot), space_, o);
-      std::size_t const padded = slot * static_cast<std::size_t>(per_node);
-      whole_ = buffer<Gradient, Space>(padded, space_);
-      part_ = buffer<float, Space>(slot, space_);
-      if (options_.bf16_within_node)  // the node's sum, after the bucket in bf16 unless it is already
-        narrow_ = buffer<bfloat16, Space>(std::is_same_v<Gradient, bfloat16> ? slot : slot + padded, space_);
-      else if (!wide)
-        widened_ = buffer<float, Space>(padded, space_);
-      if (!wide) rounded_ = buffer<Gradient, Space>(slot, space_);
-    } catch (std::exception const& e) {
-      failure = "across " + std::to_string(nodes) + " nodes of " +
-                std::to_string(per_node) + " ranks (lanes sum one value per node): " + e.what();
-    }
-    expect_none_failed(agreement(groups.local, groups.cross, space_, 0, 0, failure), failure, "hierarchical_allreducer",
-                       "this configuration");
-    space_.fill_zero(whole_.data(), whole_.size() * sizeof(Gradient));
+      parts = detail::element_parts(d, per_node, detail::shard_alignment(compressor));
+    auto const local_rank = static_cast<std::size_t>(groups.local.rank());
+    detail::set_up_on_every_rank(
+        groups, space_, d, detail::hash_combine(compressor.fingerprint(), detail::gradient_tag<Gradient>),
+        "hierarchical_allreducer", [&] {
+          allreducer_options o = options_.reduce;
+          o.bucket = o.bucket * static_cast<std::uint64_t>(per_node) + local_rank;
+          if constexpr (detail::shards_by_tensors<Compressor>)
+            inner_.emplace(std::move(compressor), rail_, detail::tensors_within(layout_, parts.of_rank[local_rank]),
+                           space_, o);
+          else
+            inner_.emplace(std::move(compressor), rail_, bucket_layout(parts.slot), space_, o);
+          node_.emplace(std::move(parts), space_, options_.bf16_within_node);
+          if (!wide) rounded_ = buffer<Gradient, Space>(node_->parts().slot, space_);
+        });
   }
+  // (Not copied or moved: the rail's reducer keeps the address of rail_.)
+  hierarchical_allreducer(hierarchical_allreducer const&) = delete;
+  hierarchical_allreducer& operator=(hierarchical_allreducer const&) = delete;
 
   /// Reduces `gradient` (layout().size() values) in place: on return every
   /// rank holds the mean over all ranks. A step that any rank of the world
   /// found bad commits nothing on any rank (see nonfinite_policy).
   void operator()(span<Gradient, memory> gradient) {
     auto& local = groups_->local;
-    std::size_t const d = layout_.size(), padded = whole_.size();
-    std::size_t const slot = parts_.slot;
-    float const per_node = static_cast<float>(local.size());
+    std::size_t const d = layout_.size(), padded = node_->padded(), slot = node_->parts().slot;
     bool const ok = gradient.size() == d;
     // A wrong size still takes part in the step (with the old contents), so the
     // rail's agreement fails every rank instead of leaving peers waiting.
-    Gradient* send = !ok ? whole_.data()
-                     : in_place_ ? detail::padded_bucket(space_, gradient, whole_.data(), padded)
-                                 : pack(gradient);
-    if (options_.bf16_within_node) {
-      bfloat16* node_in = narrow_.data() + slot;
-      if constexpr (std::is_same_v<Gradient, bfloat16>)
-        node_in = send;
-      else
-        transform(space_, padded, inputs(detail::gradient_stream(send)), outputs(widened<bfloat16>{node_in}),
-                  detail::same_value{});
-      local.reduce_scatter(node_in, narrow_.data(), slot, reduce_op::sum);
-      transform(space_, slot, inputs(widened<bfloat16>{narrow_.data()}), outputs(part_.data()),
-                detail::divide_by{per_node});
-    } else {
-      float* node_in = widened_.data();
-      if constexpr (wide)
-        node_in = send;
-      else
-        transform(space_, padded, inputs(detail::gradient_stream(send)), outputs(node_in), detail::same_value{});
-      local.reduce_scatter(node_in, part_.data(), slot, reduce_op::sum);
-      transform(space_, slot, inputs(part_.data()), outputs(part_.data()), detail::divide_by{per_node});
-    }
+    float* part = (*node_)(local, gradient, ok);
     std::size_t const reduced = inner_->layout().size();  // the slot, or this rank's tensors
     try {
-      if (ok)
-        (*inner_)(part_.view().subspan(0, reduced));
-      else
-        (*inner_)(part_.view().subspan(0, reduced - 1));  // refused: every rank fails the step
+      (*inner_)(span<float, memory>(part, ok ? reduced : reduced - 1));  // (refused: every rank fails the step)
     } catch (invalid_argument const&) {
       if (ok) throw;
       throw invalid_argument("hierarchical_allreducer: the gradient has " + std::to_string(gradient.size()) +
                              " elements but the bucket was set up for " + std::to_string(d) +
                              " (every rank skips this step)");
     }
-    Gradient* out = in_place_ && padded == d ? gradient.data() : whole_.data();
+    Gradient* out = node_->in_place() && padded == d ? gradient.data() : node_->whole();
     if constexpr (wide) {
-      local.all_gather(part_.data(), out, slot);
+      local.all_gather(part, out, slot);
     } else {
-      transform(space_, slot, inputs(part_.data()), outputs(detail::gradient_stream(rounded_.data())),
-                detail::same_value{});
+      transform(space_, slot, inputs(part), outputs(detail::gradient_stream(rounded_.data())), detail::same_value{});
       local.all_gather(rounded_.data(), out, slot);
     }
-    if (out != gradient.data()) unpack(gradient);
+    if (out != gradient.data()) node_->unpack(gradient);
   }
 
   /// Waits for every step enqueued so far (see allreducer::synchronize).
@@ -345,10 +480,7 @@ class hierarchical_allreducer {
   std::size_t wire_bytes() const { return inner_->wire_bytes(); }
   /// Bytes the last step moved inside the node, per rank: the reduce-scatter
   /// and the all-gather.
-  std::size_t node_bytes() const {
-    std::size_t const element = options_.bf16_within_node ? sizeof(bfloat16) : sizeof(float);
-    return whole_.size() * element + whole_.size() * sizeof(Gradient);
-  }
+  std::size_t node_bytes() const { return node_->bytes() + node_->padded() * sizeof(Gradient); }
   /// Steps committed, warm-up included.
   std::uint64_t steps() const { return inner_->steps(); }
   /// True while the next step sends the plain fp32 mean.
@@ -358,12 +490,14 @@ class hierarchical_allreducer {
   /// The elements of each rank's slot in the node's reduce-scatter: the
   /// shard (a multiple of the compressor's block or chunk; the last shards
   /// may cover padding), or for PowerSGD the largest run of whole tensors.
-  std::size_t shard_size() const { return parts_.slot; }
+  std::size_t shard_size() const { return node_->parts().slot; }
   /// The compressor and its parameters.
   Compressor const& compressor() const { return inner_->compressor(); }
   /// The elements of the bucket this rank reduces across nodes, with its
   /// rail: its residual's first rail_elements().count values are theirs.
-  element_range rail_elements() const { return parts_.of_rank[static_cast<std::size_t>(groups_->local.rank())]; }
+  element_range rail_elements() const {
+    return node_->parts().of_rank[static_cast<std::size_t>(groups_->local.rank())];
+  }
   /// This rank's shard's error-feedback residual (PowerSGD: of its tensors).
   auto residual() const
     requires ErrorFeedback::enabled
@@ -377,90 +511,23 @@ class hierarchical_allreducer {
     h = detail::hash_combine(h, layout_.fingerprint());
     h = detail::hash_combine(h, static_cast<std::uint64_t>(groups_->ranks_per_node()));
     h = detail::hash_combine(h, options_.bf16_within_node ? 1 : 0);
-    return wide ? h : detail::hash_combine(h, type_tag());
+    return wide ? h : detail::hash_combine(h, detail::gradient_tag<Gradient>);
   }
 
   /// @name Checkpoints: this rank's shard state (see allreducer::save)
   /// @{
-  std::vector<std::byte> save() {
-    detail::checkpoint_writer w(identity());
-    auto const blob = inner_->save();
-    w.word(blob.size());
-    w.raw(blob.data(), blob.size());
-    return std::move(w).finish();
-  }
+  std::vector<std::byte> save() { return detail::wrap_rail_state(identity(), inner_->save()); }
   bucket_checkpoint parse_checkpoint(span<std::byte const> bytes) const {
-    detail::checkpoint_reader r(detail::open(bytes, identity()));
-    auto const blob = r.block("the shard's state");
-    bucket_checkpoint c = inner_->parse_checkpoint(blob);
-    r.finish();
-    return c;
+    return inner_->parse_checkpoint(detail::unwrap_rail_state(bytes, identity()));
   }
   void restore(bucket_checkpoint const& c) { inner_->restore(c); }
   /// Restores what save() wrote, on every rank of the world together, or on
   /// none (checkpoint_error naming the problem).
-  void restore(span<std::byte const> bytes) {
-    bucket_checkpoint c;
-    std::string failure;
-    try {
-      c = parse_checkpoint(bytes);
-    } catch (checkpoint_error const& e) {
-      failure = e.what();
-    }
-    auto& g = *groups_;
-    expect_restorable(agreement(g.local, g.cross, space_, failure.empty() ? c.steps : 0, 0, failure), failure);
-    inner_->restore(c);
-  }
+  void restore(span<std::byte const> bytes) { detail::restore_on_every_rank(*this, *groups_, space_, bytes); }
   /// @}
 
  private:
-  // Why the world cannot set up this bucket, as every rank sees it ("" if
-  // it can): a rank that failed, or one whose bucket or compressor differs
-  // from rank 0's.
-  static std::string disagreement(agreement const& all) {
-    if (int const r = all.first_failed(); r >= 0)
-      return "hierarchical_allreducer: rank " + std::to_string(r) + " cannot use this configuration: " + all.why(r);
-    if (int const r = all.first_other_a(); r >= 0)
-      return "hierarchical_allreducer: ranks disagree on the bucket size: rank 0 has " + std::to_string(all.of(0).a) +
-             " elements, rank " + std::to_string(r) + " has " + std::to_string(all.of(r).a);
-    if (int const r = all.first_other_b(); r >= 0)
-      return "hierarchical_allreducer: rank " + std::to_string(r) +
-             "'s compressor, its parameters or the gradients' type differ from rank 0's";
-    return "";
-  }
-
-  // The bucket in slots, for a reduce-scatter whose slots are not where the
-  // parts are in the bucket (runs of tensors): each part, then zeros.
-  Gradient* pack(span<Gradient, memory> gradient) {
-    Gradient* whole = whole_.data();
-    for (std::size_t r = 0; r < parts_.of_rank.size(); ++r) {
-      auto const [first, count] = parts_.of_rank[r];
-      Gradient* slot = whole + r * parts_.slot;
-      space_.copy(slot, gradient.data() + first, count * sizeof(Gradient));
-      space_.fill_zero(slot + count, (parts_.slot - count) * sizeof(Gradient));
-    }
-    return whole;
-  }
-  // The all-gathered slots back into the bucket.
-  void unpack(span<Gradient, memory> gradient) {
-    for (std::size_t r = 0; r < parts_.of_rank.size(); ++r) {
-      auto const [first, count] = parts_.of_rank[r];
-      space_.copy(gradient.data() + first, whole_.data() + r * parts_.slot, count * sizeof(Gradient));
-    }
-  }
-
-  // How buckets are stored, for the ranks' agreement (float: 0, as before
-  // 16-bit buckets existed, so that fp32 checkpoints keep their identity).
-  static constexpr std::uint64_t type_tag() {
-    return wide ? 0 : std::is_same_v<Gradient, bfloat16> ? 1 : 2;
-  }
-
-  detail::checkpoint_identity identity() const {
-    auto const& g = *groups_;
-    return {checkpoint_kind::hierarchical, fingerprint(),
-            static_cast<std::uint32_t>(g.nodes() * g.ranks_per_node()),
-            static_cast<std::uint32_t>(g.cross.rank() * g.ranks_per_node() + g.local.rank())};
-  }
+  detail::checkpoint_identity identity() const { return detail::two_level_identity(*groups_, fingerprint()); }
 
   using inner_type = allreducer<Compressor, ErrorFeedback, rail_collective<Collective>,
                                 default_aggregator_t<Compressor>, Space>;
@@ -470,14 +537,9 @@ class hierarchical_allreducer {
   Space space_;
   hierarchical_options options_;
   rail_collective<Collective> rail_;
-  detail::node_parts parts_;  // each local rank's part of the bucket, and its slot
-  bool in_place_ = true;      // parts_.in_place(): the padded bucket is the slots
   std::optional<inner_type> inner_;
-  buffer<Gradient, Space> whole_;     // the padded bucket (padding, and the all-gather)
-  buffer<float, Space> part_;         // this rank's shard: the node's mean, then the world's
-  buffer<bfloat16, Space> narrow_;    // bf16 within the node: the shard's sum, then the bucket in bf16
-  buffer<float, Space> widened_;      // a 16-bit bucket in fp32, for an fp32 reduce-scatter
-  buffer<Gradient, Space> rounded_;   // a 16-bit bucket: the shard's mean, rounded for the all-gather
+  std::optional<detail::node_reduction<Space, Gradient>> node_;  // the first level, and the padded bucket
+  buffer<Gradient, Space> rounded_;  // a 16-bit bucket: the shard's mean, rounded for the all-gather
 };
 
 }  // namespace gradcomp
