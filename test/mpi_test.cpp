@@ -76,6 +76,29 @@ TEST_CASE("hierarchical over MPI: nodes by override and by detection, bitwise th
   }
 }
 
+TEST_CASE("two-level reduce-scatter over MPI: each rank's shard is bitwise the hierarchical all-reduce's slice") {
+  using namespace gradcomp;
+  mpi_communicator world;
+  REQUIRE(world.size() % 2 == 0);
+  auto groups = split_nodes(world, 2);
+  thc<> const c{.block = 256};  // integer lanes: a reduce-scatter's sums are its all-reduce's, bit for bit
+  std::size_t const d = 256 * static_cast<std::size_t>(world.size()) * 3;  // the two cut the same parts
+  hierarchical_options const options{.reduce = {.warmup_steps = 1}, .bf16_within_node = true};
+  hierarchical_reduce_scatterer<thc<>, error_feedback::residual, mpi_communicator, host_space> rs(
+      c, groups, bucket_layout(d), host_space{}, options);
+  hierarchical_allreducer<thc<>, error_feedback::residual, mpi_communicator, host_space> ar(c, groups, bucket_layout(d),
+                                                                                            host_space{}, options);
+  for (int step = 0; step < 3; ++step) {
+    auto g = gradcomp::testing::random_gradient(40 + step, world.rank(), d), reference = g;
+    ar({reference.data(), d});
+    std::vector<float> shard(rs.shard_size(), -1.0f);
+    rs({g.data(), d}, {shard.data(), shard.size()});
+    INFO("step " << step);
+    CHECK(std::memcmp(shard.data(), reference.data() + rs.shard_offset(), shard.size() * sizeof(float)) == 0);
+  }
+  CHECK(rs.shard_offset() == rs.shard_offset(world.rank()));
+}
+
 TEST_CASE("over MPI, ranks agree in world order across two levels, and a disagreement names the rank everywhere") {
   using namespace gradcomp;
   mpi_communicator world;

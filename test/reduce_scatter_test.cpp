@@ -3,6 +3,7 @@
 // rank, 16-bit buckets, checkpoints.
 #include "common/compressors.hpp"
 #include "common/harness.hpp"
+#include "common/reduce_scatter_checks.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -145,30 +146,7 @@ TEST_CASE("16-bit buckets: the shard is bitwise the all-reduce path's slice") {
 TEST_CASE("bad input on one rank fails the step on every rank, and nothing moves") {
   local_group::run(3, [](local_group::communicator& world) {
     host_scatterer<thc<>> rs(thc<>{.block = 64}, world, bucket_layout(1000), host_space{});
-    auto g = random_gradient(3, world.rank(), 1000);
-    std::vector<float> shard(rs.shard_size());
-    rs({g.data(), g.size()}, {shard.data(), shard.size()});
-    std::vector<float> const before(rs.residual().begin(), rs.residual().end());
-    auto const kept_shard = shard;
-
-    auto bad = random_gradient(4, world.rank(), 1000);
-    if (world.rank() == 2) bad[17] = std::nanf("");  // in rank 0's shard: every shard's step fails
-    CHECK_THROWS_AS(rs({bad.data(), bad.size()}, {shard.data(), shard.size()}), nonfinite_error);
-    CHECK(rs.steps() == 1);
-    CHECK(same_bytes(before.data(), rs.residual().data(), before.size()));
-    CHECK(same_bytes(shard.data(), kept_shard.data(), shard.size()));
-
-    std::vector<float> wrong(rs.shard_size() + 1);
-    g = random_gradient(5, world.rank(), 1000);
-    std::string const named = "a shard of " + std::to_string(wrong.size());
-    if (world.rank() == 1)
-      CHECK_THROWS_WITH(rs({g.data(), g.size()}, {wrong.data(), wrong.size()}), doctest::Contains(named.c_str()));
-    else
-      CHECK_THROWS(rs({g.data(), g.size()}, {shard.data(), shard.size()}));  // the others fail too: nobody hangs
-    CHECK(rs.steps() == 1);
-    CHECK(same_bytes(before.data(), rs.residual().data(), before.size()));
-    rs({g.data(), g.size()}, {shard.data(), shard.size()});  // and the next good step goes through
-    CHECK(rs.steps() == 2);
+    check_bad_steps_fail_everywhere(rs, world.rank(), 2, 1);
   });
 }
 

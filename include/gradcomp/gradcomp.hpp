@@ -55,5 +55,6 @@
 #include <gradcomp/reducers/any_reduce_scatterer.hpp>
 #include <gradcomp/reducers/compressor_spec.hpp>
 #include <gradcomp/reducers/hierarchical.hpp>
+#include <gradcomp/reducers/hierarchical_reduce_scatterer.hpp>
 #include <gradcomp/reducers/model_reducer.hpp>
 #include <gradcomp/reducers/reduce_scatterer.hpp>

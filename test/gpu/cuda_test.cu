@@ -226,14 +226,63 @@ TEST_CASE("a hierarchical step on bf16 buckets gives bitwise the host's result o
   });
 }
 
+TEST_CASE("a two-level reduce-scatter on bf16 buckets gives bitwise the host's shard on the device") {
+  using namespace gradcomp;
+  using namespace gradcomp::testing;
+  using C = thc<>;
+  local_group::run(4, [&](local_group::communicator& world) {
+    std::size_t const d = 100003;  // uneven: the last parts are short
+    auto groups = split_nodes(world, 2);
+    std::uint64_t const seed = shared_seed(world);
+    for (bool bf16_within_node : {false, true}) {
+      hierarchical_options const options{.bf16_within_node = bf16_within_node};
+      using host_scatterer =
+          hierarchical_reduce_scatterer<C, error_feedback::residual, local_group::communicator, host_space, bfloat16>;
+      using device_scatterer =
+          hierarchical_reduce_scatterer<C, error_feedback::residual, local_group::communicator, cuda_space, bfloat16>;
+      host_scatterer on_host(C{}, groups, bucket_layout(d), host_space{}, options);
+      device_scatterer on_device(C{}, groups, bucket_layout(d), cuda_space{}, options);
+      for (int step = 0; step < 3; ++step) {
+        auto const drawn = random_gradient(seed + step, world.rank(), d);
+        std::vector<bfloat16> g(d), shard(on_host.shard_size());
+        for (std::size_t i = 0; i < d; ++i) g[i] = bfloat16(drawn[i]);
+        auto dg = upload(cuda_space{}, g);
+        on_host({g.data(), d}, {shard.data(), shard.size()});
+        buffer<bfloat16, cuda_space> ds(on_device.shard_size(), cuda_space{});
+        on_device(dg.view(), ds.view());
+        on_device.synchronize();
+        auto const out = download(cuda_space{}, ds.data(), ds.size());
+        INFO((bf16_within_node ? "bf16" : "fp32") << " inside the node, step " << step);
+        CHECK(std::memcmp(out.data(), shard.data(), shard.size() * sizeof(bfloat16)) == 0);
+      }
+    }
+  });
+}
+
 namespace {
+
+// Captures `step` on `stream` into a CUDA Graph and replays it once. The
+// capture is in global mode, where any call that waits for the host (a stream
+// or event synchronization, a blocking copy) or allocates makes the capture
+// fail: that a step captures at all shows it never waits.
+template <class Step>
+void replay_captured(cudaStream_t stream, Step&& step) {
+  cudaGraph_t graph = nullptr;
+  GRADCOMP_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  step();
+  GRADCOMP_CUDA_TRY(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  GRADCOMP_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
+  GRADCOMP_CUDA_TRY(cudaGraphLaunch(exec, stream));
+  GRADCOMP_CUDA_TRY(cudaStreamSynchronize(stream));
+  GRADCOMP_CUDA_TRY(cudaGraphExecDestroy(exec));
+  GRADCOMP_CUDA_TRY(cudaGraphDestroy(graph));
+}
 
 // Runs two steps of compressor c eagerly on one allreducer, and on another
 // the first step eagerly and the second captured into a CUDA Graph and
-// replayed; returns both second steps' outputs and residuals. The capture is
-// in global mode, where any call that waits for the host (a stream or event
-// synchronization, a blocking copy) or allocates makes the capture fail:
-// that the step captures at all shows it never waits.
+// replayed (see replay_captured); compares both second steps' outputs and
+// residuals.
 template <class C>
 void check_captured_step(C const& c, gradcomp::bucket_layout const& layout,
                          gradcomp::allreducer_options const& options = {}) {
@@ -254,20 +303,12 @@ void check_captured_step(C const& c, gradcomp::bucket_layout const& layout,
     eager.synchronize();
     captured(c1.view());
     captured.synchronize();
-    cudaGraph_t graph = nullptr;
-    GRADCOMP_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    captured(c2.view());
-    GRADCOMP_CUDA_TRY(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec = nullptr;
-    GRADCOMP_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
-    GRADCOMP_CUDA_TRY(cudaGraphLaunch(exec, stream));
+    replay_captured(stream, [&] { captured(c2.view()); });
     CHECK_NOTHROW(captured.synchronize());
     INFO(std::string(C::name));
     CHECK(download(space, e2.data(), d) == download(space, c2.data(), d));
     auto const re = download(space, eager.residual().data(), d), rc = download(space, captured.residual().data(), d);
     CHECK(std::memcmp(re.data(), rc.data(), d * sizeof(float)) == 0);
-    GRADCOMP_CUDA_TRY(cudaGraphExecDestroy(exec));
-    GRADCOMP_CUDA_TRY(cudaGraphDestroy(graph));
   }
   GRADCOMP_CUDA_TRY(cudaStreamDestroy(stream));
 }
@@ -318,17 +359,48 @@ TEST_CASE("a reduce-scatter step captures into a CUDA Graph and replays with the
     eager.synchronize();
     captured(c1.view(), cs.view());
     captured.synchronize();
-    cudaGraph_t graph = nullptr;
-    GRADCOMP_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    captured(c2.view(), cs.view());
-    GRADCOMP_CUDA_TRY(cudaStreamEndCapture(stream, &graph));
-    cudaGraphExec_t exec = nullptr;
-    GRADCOMP_CUDA_TRY(cudaGraphInstantiate(&exec, graph, 0));
-    GRADCOMP_CUDA_TRY(cudaGraphLaunch(exec, stream));
+    replay_captured(stream, [&] { captured(c2.view(), cs.view()); });
     CHECK_NOTHROW(captured.synchronize());
     CHECK(download(space, es.data(), es.size()) == download(space, cs.data(), cs.size()));
-    GRADCOMP_CUDA_TRY(cudaGraphExecDestroy(exec));
-    GRADCOMP_CUDA_TRY(cudaGraphDestroy(graph));
+  }
+  GRADCOMP_CUDA_TRY(cudaStreamDestroy(stream));
+}
+
+// The two-level reduce-scatter's step (the node's reduce-scatter, the rail's
+// compressed one, the shard's rounding to bf16) captures too: one node of one
+// rank runs every stage of it.
+TEST_CASE("a two-level reduce-scatter step captures into a CUDA Graph and replays with the same shard") {
+  using namespace gradcomp;
+  using namespace gradcomp::testing;
+  cudaStream_t stream = nullptr;
+  GRADCOMP_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    cuda_space const space{stream};
+    single_rank<cuda_space> world(space);
+    auto groups = split_nodes(world, 1);
+    std::size_t const d = 300001;
+    using scatterer =
+        hierarchical_reduce_scatterer<thc<>, error_feedback::residual, single_rank<cuda_space>, cuda_space, bfloat16>;
+    hierarchical_options const options{.bf16_within_node = true};
+    scatterer eager(thc<>{}, groups, bucket_layout(d), space, options),
+        captured(thc<>{}, groups, bucket_layout(d), space, options);
+    auto narrow = [](std::vector<float> const& x) {
+      std::vector<bfloat16> out(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) out[i] = bfloat16(x[i]);
+      return out;
+    };
+    auto const first = narrow(random_gradient(31, 0, d)), second = narrow(random_gradient(32, 0, d));
+    auto e1 = upload(space, first), e2 = upload(space, second), c1 = upload(space, first), c2 = upload(space, second);
+    buffer<bfloat16, cuda_space> es(eager.shard_size(), space), cs(captured.shard_size(), space);
+    eager(e1.view(), es.view());
+    eager(e2.view(), es.view());
+    eager.synchronize();
+    captured(c1.view(), cs.view());
+    captured.synchronize();
+    replay_captured(stream, [&] { captured(c2.view(), cs.view()); });
+    CHECK_NOTHROW(captured.synchronize());
+    auto const a = download(space, es.data(), es.size()), b = download(space, cs.data(), cs.size());
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(bfloat16)) == 0);
   }
   GRADCOMP_CUDA_TRY(cudaStreamDestroy(stream));
 }

@@ -6,6 +6,7 @@
 
 #include <gradcomp/reducers/agreement.hpp>
 #include <gradcomp/reducers/compressor_spec.hpp>
+#include <gradcomp/reducers/hierarchical_reduce_scatterer.hpp>
 #include <gradcomp/reducers/reduce_scatterer.hpp>
 
 #include <memory>
@@ -16,7 +17,8 @@
 namespace gradcomp::inline GRADCOMP_ABI {
 
 /// reduce_scatterer<C, EF, Collective, Space, Gradient> for the C and EF a
-/// compressor_spec names: the same shards, bits and errors, behind one
+/// compressor_spec names (or hierarchical_reduce_scatterer's, over two
+/// levels): the same shards, bits and errors, behind one
 /// virtual call per step. Construction is collective: if any rank's spec or
 /// configuration is unusable, or the spec names a compressor that cannot
 /// reduce-scatter (PowerSGD, classic TopK), every rank throws
@@ -39,18 +41,34 @@ class any_reduce_scatterer {
   any_reduce_scatterer(compressor_spec const& spec, Collective& collective, bucket_layout layout, Space space,
                        allreducer_options options = {})
       : spec_(spec) {
-    std::string const failure = detail::spec_failure(spec, collective.size(), [](auto c) {
-      if constexpr (!detail::shards_by_elements<decltype(c)>)
-        throw invalid_argument(std::string(decltype(c)::name) +
-                               " cannot reduce-scatter (its payload does not sum element by element, or needs "
-                               "the tensors' shapes); use an all-reduce");
-    });
+    std::string const failure = detail::spec_failure(spec, collective.size(), refuse_unshardable);
     expect_none_failed(agreement(collective, space, 0, 0, failure), failure, "any_reduce_scatterer",
                        "this compressor_spec");
     impl_ = visit_compressor(spec, collective.size(), [&](auto c, auto ef) -> std::unique_ptr<base> {
       if constexpr (detail::shards_by_elements<decltype(c)>) {
         using scatterer = reduce_scatterer<decltype(c), decltype(ef), Collective, Space, Gradient>;
-        return std::make_unique<model<scatterer>>(c, collective, std::move(layout), space, options);
+        return std::make_unique<model<scatterer>>(collective.rank(), c, collective, std::move(layout), space, options);
+      } else {
+        return nullptr;  // (refused above)
+      }
+    });
+  }
+
+  /// The compressor `spec` names, reduce-scattered in two levels over
+  /// `groups` (hierarchical_reduce_scatterer; its lanes are sized for
+  /// groups.nodes()). Ranks are counted node by node in shard_offset(rank).
+  /// Collective over the world.
+  any_reduce_scatterer(compressor_spec const& spec, node_groups<Collective>& groups, bucket_layout layout, Space space,
+                       hierarchical_options options = {})
+      : spec_(spec) {
+    std::string const failure = detail::spec_failure(spec, groups.nodes(), refuse_unshardable);
+    expect_none_failed(agreement(groups.local, groups.cross, space, 0, 0, failure), failure, "any_reduce_scatterer",
+                       "this compressor_spec");
+    int const own = groups.cross.rank() * groups.ranks_per_node() + groups.local.rank();
+    impl_ = visit_compressor(spec, groups.nodes(), [&](auto c, auto ef) -> std::unique_ptr<base> {
+      if constexpr (detail::shards_by_elements<decltype(c)>) {
+        using scatterer = hierarchical_reduce_scatterer<decltype(c), decltype(ef), Collective, Space, Gradient>;
+        return std::make_unique<model<scatterer>>(own, c, groups, std::move(layout), space, options);
       } else {
         return nullptr;  // (refused above)
       }
@@ -92,6 +110,14 @@ class any_reduce_scatterer {
   std::uint64_t fingerprint() const { return impl_->fingerprint(); }
 
  private:
+  // Throws for a compressor whose bucket cannot be cut into shards.
+  static constexpr auto refuse_unshardable = [](auto c) {
+    if constexpr (!detail::shards_by_elements<decltype(c)>)
+      throw invalid_argument(std::string(decltype(c)::name) +
+                             " cannot reduce-scatter (its payload does not sum element by element, or needs "
+                             "the tensors' shapes); use an all-reduce");
+  };
+
   struct base {
     virtual ~base() = default;
     virtual void step(span<Gradient, memory>, span<Gradient, memory>) = 0;
@@ -112,8 +138,7 @@ class any_reduce_scatterer {
   template <class Scatterer>
   struct model final : base {
     template <class... A>
-    explicit model(auto c, Collective& collective, A&&... a)
-        : s(std::move(c), collective, std::forward<A>(a)...), own(collective.rank()) {}
+    explicit model(int rank, A&&... a) : s(std::forward<A>(a)...), own(rank) {}
     void step(span<Gradient, memory> g, span<Gradient, memory> shard) override { s(g, shard); }
     void synchronize() override { s.synchronize(); }
     int rank() const override { return own; }
