@@ -248,6 +248,37 @@ TEST_CASE("a sharded optimizer updates each rank's shard and all-gathers the wei
   CHECK_THROWS_WITH(run_local(o), doctest::Contains("powersgd cannot reduce-scatter"));
 }
 
+TEST_CASE("a sharded optimizer across two levels: the replicated two-level run's bits; THC learns and resumes") {
+  openblas_set_num_threads(1);
+  for (std::string compressor : {"fp32", "bf16"}) {  // element-wise means: the same bits either way
+    INFO(compressor);
+    train::options o = small_run(compressor);
+    o.overlap = false;
+    o.ranks_per_node = 2;
+    auto const replicated = run_local(o);
+    o.shard_optimizer = true;
+    o.check_replicas = true;
+    auto const sharded = run_local(o);
+    CHECK(sharded.weights_hash == replicated.weights_hash);
+    REQUIRE(sharded.records.size() == replicated.records.size());
+    for (std::size_t i = 0; i < sharded.records.size(); ++i)
+      CHECK(sharded.records[i].loss == replicated.records[i].loss);
+  }
+  auto const dir = std::filesystem::temp_directory_path() / ("gradcomp_shard2_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  train::options o = small_run("thc");
+  o.overlap = false;
+  o.ranks_per_node = 2;
+  o.bf16_within_node = true;
+  o.shard_optimizer = true;
+  o.check_replicas = true;
+  auto const sharded = run_local(o);
+  REQUIRE(sharded.records.size() == 3);
+  CHECK(sharded.records.back().loss < 0.75 * sharded.records.front().loss);
+  CHECK(resumed_at_40(o, dir / "thc").weights_hash == sharded.weights_hash);
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("the IDX loader refuses missing, truncated and corrupt files with a clear message") {
   auto const dir = std::filesystem::temp_directory_path() / ("gradcomp_idx_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);

@@ -222,7 +222,6 @@ cli parse(int argc, char** argv) {
   if (c.o.checkpoint_every > 0 && c.o.checkpoint.empty()) usage("--checkpoint-every needs --checkpoint PATH");
   if (!c.o.checkpoint.empty() && c.o.checkpoint_every == 0) usage("--checkpoint needs --checkpoint-every N");
   if (c.o.bucket_kb == 0) usage("--bucket-kb must be at least 1");
-  if (c.o.shard_optimizer && c.o.ranks_per_node > 0) usage("--shard-optimizer reduce-scatters flat: no --ranks-per-node");
   if (c.o.shard_optimizer && c.backend == "nccl") usage("--shard-optimizer runs on the local and mpi backends");
   if (!c.o.shard_optimizer && c.o.gather_dtype != "fp32") usage("--gather-dtype needs --shard-optimizer");
   return c;

@@ -155,6 +155,18 @@ inline std::vector<std::size_t> backward_order(gradcomp::bucket_layout const& la
   return order;
 }
 
+/// The node and the rail this rank is in (nodes of ranks_per_node
+/// consecutive ranks), each timed.
+template <class Collective>
+struct two_levels {
+  using timed = timed_collective<Collective>;
+  two_levels(Collective& world, int ranks_per_node)
+      : raw(gradcomp::split_nodes(world, ranks_per_node)), groups{timed(raw.local), timed(raw.cross)} {}
+  double seconds() const { return groups.local.seconds() + groups.cross.seconds(); }
+  gradcomp::node_groups<Collective> raw;
+  gradcomp::node_groups<timed> groups;
+};
+
 /// A gradcomp model_reducer over `Collective` on the host, gradients stored
 /// as G, timing its collectives.
 template <class Collective, gradcomp::gradient_element G>
@@ -167,7 +179,7 @@ class host_reducer : public reducer {
       : layout_(layout), timed_(comm) {
     gradcomp::host_space const one{.threads = 1};  // the ranks are the threads
     if (o.ranks_per_node > 0) {  // two levels: nodes of ranks_per_node ranks, rails across them
-      nodes_ = std::make_unique<two_levels>(comm, o.ranks_per_node);
+      nodes_ = std::make_unique<two_levels<Collective>>(comm, o.ranks_per_node);
       reduce_ = std::make_unique<model_reducer>(shapes(layout), nodes_->groups, o.reducer_options(), one);
     } else {
       reduce_ = std::make_unique<model_reducer>(shapes(layout), timed_, o.reducer_options(), one);
@@ -192,9 +204,7 @@ class host_reducer : public reducer {
     }
   }
   std::size_t wire_bytes() const override { return reduce_->wire_bytes(); }
-  double comm_seconds() const override {
-    return timed_.seconds() + (nodes_ ? nodes_->groups.local.seconds() + nodes_->groups.cross.seconds() : 0.0);
-  }
+  double comm_seconds() const override { return timed_.seconds() + (nodes_ ? nodes_->seconds() : 0.0); }
   double reduction_seconds() const override { return busy_; }
   std::vector<std::byte> save() override { return reduce_->save(); }
   void restore(std::vector<std::byte> const& bytes) override { reduce_->restore({bytes.data(), bytes.size()}); }
@@ -206,17 +216,9 @@ class host_reducer : public reducer {
     return out;
   }
 
-  // The node and the rail this rank is in, each timed.
-  struct two_levels {
-    two_levels(Collective& world, int ranks_per_node)
-        : raw(gradcomp::split_nodes(world, ranks_per_node)), groups{timed(raw.local), timed(raw.cross)} {}
-    gradcomp::node_groups<Collective> raw;
-    gradcomp::node_groups<timed> groups;
-  };
-
   gradcomp::bucket_layout layout_;
   timed timed_;
-  std::unique_ptr<two_levels> nodes_;
+  std::unique_ptr<two_levels<Collective>> nodes_;
   std::unique_ptr<model_reducer> reduce_;
   std::vector<std::size_t> parameter_of_;  // layout tensor -> the reducer's parameter
   double busy_ = 0;
@@ -230,7 +232,9 @@ class host_reducer : public reducer {
 /// every rank computes with the bf16 weights, and updates fp32 masters of its
 /// shard, kept by train_rank). Buckets are made as model_reducer makes
 /// them (backward order; 1-D tensors and small buckets in bf16), and each is
-/// reduced once its last gradient is ready, on the training thread.
+/// reduced once its last gradient is ready, on the training thread. With
+/// ranks_per_node, buckets are reduce-scattered in two levels
+/// (hierarchical_reduce_scatterer), and the weights all-gathered over the world.
 template <class Collective, gradcomp::gradient_element G>
 class sharded_reducer : public reducer {
   using timed = timed_collective<Collective>;
@@ -240,6 +244,9 @@ class sharded_reducer : public reducer {
   sharded_reducer(options const& o, Collective& comm, gradcomp::bucket_layout const& layout)
       : layout_(layout), timed_(comm), sixteen_bit_(o.gather_dtype == "bf16") {
     gradcomp::host_space const one{.threads = 1};  // the ranks are the threads
+    // Two levels: each bucket reduce-scattered in the node, then compressed
+    // across nodes; ranks are counted node by node, as the world numbers them.
+    if (o.ranks_per_node > 0) nodes_ = std::make_unique<two_levels<Collective>>(comm, o.ranks_per_node);
     auto const& tensors = layout.tensors();
     bucket_of_.resize(tensors.size());
     offset_in_bucket_.resize(tensors.size());
@@ -263,7 +270,11 @@ class sharded_reducer : public reducer {
       auto const spec = !vectors && b.layout.size() >= o.min_compression ? plan.compressor : plan.small;
       gradcomp::allreducer_options r = plan.reduce;
       r.bucket = i;
-      b.scatter = std::make_unique<scatterer>(spec, timed_, b.layout, one, r);
+      if (nodes_)
+        b.scatter = std::make_unique<scatterer>(spec, nodes_->groups, b.layout, one,
+                                                gradcomp::hierarchical_options{r, o.bf16_within_node});
+      else
+        b.scatter = std::make_unique<scatterer>(spec, timed_, b.layout, one, r);
       b.values.resize(b.layout.size());
       b.shard.resize(b.scatter->shard_size());
       b.slot = b.scatter->shard_size(0);
@@ -319,7 +330,7 @@ class sharded_reducer : public reducer {
       bytes += b.scatter->wire_bytes() + b.slot * weight * static_cast<std::size_t>(timed_.size() - 1);
     return bytes;
   }
-  double comm_seconds() const override { return timed_.seconds(); }
+  double comm_seconds() const override { return timed_.seconds() + (nodes_ ? nodes_->seconds() : 0.0); }
   double reduction_seconds() const override { return busy_; }
   std::vector<std::byte> save() override {  // how weights travel, then each bucket's state with its size
     std::vector<std::byte> out;
@@ -421,6 +432,7 @@ class sharded_reducer : public reducer {
 
   gradcomp::bucket_layout layout_;
   timed timed_;
+  std::unique_ptr<two_levels<Collective>> nodes_;  // two levels, or none (flat)
   std::vector<bucket> buckets_;
   std::vector<std::size_t> bucket_of_;         // layout tensor -> its bucket ...
   std::vector<std::size_t> offset_in_bucket_;  // ... and where it starts there
@@ -434,8 +446,6 @@ reducer_factory host_reducers(options const& o, Collective& comm) {
   return [&o, &comm](gradcomp::bucket_layout const& layout) -> std::unique_ptr<reducer> {
     bool const half = o.grad_dtype == "bf16";
     if (o.shard_optimizer) {
-      if (o.ranks_per_node > 0)
-        throw gradcomp::invalid_argument("a sharded optimizer reduce-scatters over the world: it takes no ranks_per_node");
       if (half) return std::make_unique<sharded_reducer<Collective, gradcomp::bfloat16>>(o, comm, layout);
       return std::make_unique<sharded_reducer<Collective, float>>(o, comm, layout);
     }
