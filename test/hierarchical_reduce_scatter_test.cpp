@@ -170,9 +170,18 @@ TEST_CASE("two-level reduce-scatter: bad input on one rank fails every rank of e
     auto groups = split_nodes(world, 2);
     two_level_scatterer<thc<>> rs(thc<>{.block = 64}, groups, bucket_layout(1000), host_space{});
     check_bad_steps_fail_everywhere(rs, world.rank(), 3, 1);  // rank 3: node 1, in another node than rank 0
-    std::size_t const d = world.rank() == 2 ? 999 : 1000;     // ranks that disagree fail together
+    std::size_t const d = world.rank() == 2 ? 999 : 1000;     // ranks that disagree fail together ...
     CHECK_THROWS_WITH((two_level_scatterer<bf16>(bf16{}, groups, bucket_layout(d), host_space{})),
                       doctest::Contains("rank 0 has 1000 elements, rank 2 has 999"));
+    // ... on the node's precision (rank 1's node would reduce-scatter two types) ...
+    CHECK_THROWS_WITH((two_level_scatterer<bf16>(bf16{}, groups, bucket_layout(1000), host_space{},
+                                                 {.bf16_within_node = world.rank() == 1})),
+                      doctest::Contains("rank 1's compressor, its parameters, its options"));
+    // ... and on the options of another rail.
+    CHECK_THROWS_WITH((two_level_scatterer<bf16>(bf16{}, groups, bucket_layout(1000), host_space{},
+                                                 {.reduce = {.warmup_steps = world.rank() == 3 ? 2u : 0u}})),
+                      doctest::Contains("rank 3's compressor, its parameters, its options"));
+    CHECK_NOTHROW(two_level_scatterer<bf16>(bf16{}, groups, bucket_layout(1000), host_space{}));
   });
 }
 

@@ -13,7 +13,8 @@ namespace gradcomp::testing {
 
 /// Drives `rs` (a host reduce-scatterer of THC, block 64, over a bucket of
 /// 1000 elements, on this `rank`) through bad steps: a NaN on rank
-/// `nan_rank`, then a wrong shard size on rank `wrong_rank`. Each fails on
+/// `nan_rank`, then a wrong shard size and a wrong gradient size on rank
+/// `wrong_rank`. Each fails on
 /// every rank (nobody hangs), moves no residual and writes no shard; the next
 /// good step goes through.
 template <class Scatterer>
@@ -41,6 +42,15 @@ void check_bad_steps_fail_everywhere(Scatterer& rs, int rank, int nan_rank, int 
     CHECK_THROWS_WITH(rs({g.data(), g.size()}, {wrong.data(), wrong.size()}), doctest::Contains(named.c_str()));
   else
     CHECK_THROWS(rs({g.data(), g.size()}, {shard.data(), shard.size()}));  // the others fail too: nobody hangs
+  CHECK(rs.steps() == 1);
+  CHECK(same(before, rs.residual().data()));
+
+  std::vector<float> short_gradient(999);  // a wrong gradient, on the same rank
+  if (rank == wrong_rank)
+    CHECK_THROWS_WITH(rs({short_gradient.data(), short_gradient.size()}, {shard.data(), shard.size()}),
+                      doctest::Contains("a gradient of 999 elements"));
+  else
+    CHECK_THROWS(rs({g.data(), g.size()}, {shard.data(), shard.size()}));
   CHECK(rs.steps() == 1);
   CHECK(same(before, rs.residual().data()));
   rs({g.data(), g.size()}, {shard.data(), shard.size()});  // and the next good step goes through

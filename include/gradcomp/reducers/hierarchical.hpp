@@ -348,7 +348,7 @@ void restore_on_every_rank(Reducer& reducer, node_groups<Collective>& g, Space c
 
 /// Sets a two-level reducer (named `who`) up on every rank of the world
 /// together, or on none. First every rank states its bucket size `d` and
-/// `fingerprint` (its compressor, parameters and gradient type), and sees
+/// `fingerprint` (two_level_terms), and sees
 /// every other's, before any rail exchanges anything; then `build` runs, and
 /// if it throws on any rank (a lane that would overflow), every rank throws
 /// invalid_argument naming the first rank that failed.
@@ -364,7 +364,7 @@ void set_up_on_every_rank(node_groups<Collective>& g, Space const& space, std::s
                            " elements, rank " + std::to_string(r) + " has " + std::to_string(all.of(r).a));
   if (int const r = all.first_other_b(); r >= 0)
     throw invalid_argument(name + ": rank " + std::to_string(r) +
-                           "'s compressor, its parameters or the gradients' type differ from rank 0's");
+                           "'s compressor, its parameters, its options or the gradients' type differ from rank 0's");
   std::string failure;
   try {
     build();
@@ -382,6 +382,21 @@ template <class Gradient>
 inline constexpr std::uint64_t gradient_tag = std::is_same_v<Gradient, float>      ? 0
                                               : std::is_same_v<Gradient, bfloat16> ? 1
                                                                                    : 2;
+
+/// What every rank of the world must share to reduce a bucket in two levels:
+/// the compressor and its parameters, error feedback, how buckets are stored,
+/// the node's precision and the rail's options (a rank of another rail with
+/// other options would still exchange with this one inside the node).
+template <class ErrorFeedback, class Gradient, class Compressor>
+std::uint64_t two_level_terms(Compressor const& compressor, hierarchical_options const& o) {
+  std::uint64_t h = hash(ErrorFeedback::name, hash_combine(compressor.fingerprint(), gradient_tag<Gradient>));
+  h = hash_combine(h, o.bf16_within_node ? 1 : 0);
+  h = hash_combine(h, static_cast<std::uint64_t>(o.reduce.nonfinite));
+  h = hash_combine(h, o.reduce.warmup_steps);
+  h = hash_combine(h, o.reduce.bucket);
+  h = hash_combine(h, o.reduce.seed.has_value() ? 1 : 0);
+  return hash_combine(h, o.reduce.seed.value_or(0));
+}
 }  // namespace detail
 
 /// A bucket reduced in two levels (see the top of this header): the result is
@@ -428,7 +443,7 @@ class hierarchical_allreducer {
       parts = detail::element_parts(d, per_node, detail::shard_alignment(compressor));
     auto const local_rank = static_cast<std::size_t>(groups.local.rank());
     detail::set_up_on_every_rank(
-        groups, space_, d, detail::hash_combine(compressor.fingerprint(), detail::gradient_tag<Gradient>),
+        groups, space_, d, detail::two_level_terms<ErrorFeedback, Gradient>(compressor, options_),
         "hierarchical_allreducer", [&] {
           allreducer_options o = options_.reduce;
           o.bucket = o.bucket * static_cast<std::uint64_t>(per_node) + local_rank;

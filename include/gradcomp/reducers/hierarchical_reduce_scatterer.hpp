@@ -14,8 +14,11 @@
 // shard l * N + n of the N x L equal shards a flat reduce_scatterer would cut
 // (the same shard sizes). Only the parts' compressed payloads cross the slow
 // link, integer lanes are sized by the number of nodes, and error feedback
-// lives on the part. Each shard is the slice of hierarchical_allreducer's
-// result that the all-gather would have sent it: bitwise where the rail's
+// lives on the part. Parts are whole multiples of N sub-shards, so they may
+// differ from hierarchical_allreducer's (whole blocks or chunks). Where they
+// coincide (a bucket of whole multiples of N x L blocks or chunks), or for
+// the element-wise casts, each shard is the slice of hierarchical_allreducer's
+// result that its all-gather would have sent: bitwise where the rail's
 // reduce-scatter is bitwise its all-reduce's slice (see reduce_scatterer.hpp).
 #pragma once
 
@@ -73,7 +76,7 @@ class hierarchical_reduce_scatterer {
     auto parts =
         detail::element_parts(d, per_node, static_cast<std::size_t>(nodes) * detail::shard_alignment(compressor));
     detail::set_up_on_every_rank(
-        groups, space_, d, detail::hash_combine(compressor.fingerprint(), detail::gradient_tag<Gradient>),
+        groups, space_, d, detail::two_level_terms<ErrorFeedback, Gradient>(compressor, options_),
         "hierarchical_reduce_scatterer", [&] {
           allreducer_options o = options_.reduce;
           o.bucket = o.bucket * static_cast<std::uint64_t>(per_node) + static_cast<std::uint64_t>(groups.local.rank());
@@ -91,7 +94,7 @@ class hierarchical_reduce_scatterer {
   /// world of elements [shard_offset(), shard_offset() + shard_size()). A step
   /// that any rank found bad commits nothing on any rank, as reduce_scatterer's:
   /// on the host it throws on every rank and writes no shard; on the CUDA space
-  /// the next call or synchronize() throws.
+  /// the next call or synchronize() throws, and `shard` holds unspecified values.
   void operator()(span<Gradient, memory> gradient, span<Gradient, memory> shard) {
     std::size_t const d = layout_.size(), slot = node_->parts().slot;
     bool const ok = gradient.size() == d && shard.size() == shard_size();
@@ -114,7 +117,8 @@ class hierarchical_reduce_scatterer {
   /// Where the shard of the rank with local rank `local_rank` on node `node`
   /// starts in the bucket.
   std::size_t shard_offset(int node, int local_rank) const { return shard(node, local_rank).first; }
-  /// How many elements that shard holds (the last ones may hold fewer, or none).
+  /// How many elements that shard holds (shards at the end of the bucket may
+  /// hold fewer, or none).
   std::size_t shard_size(int node, int local_rank) const { return shard(node, local_rank).count; }
   /// Where the shard of world rank `rank` starts, counting ranks node by node
   /// (rank = node * ranks_per_node + local rank, as split_nodes makes nodes
@@ -177,7 +181,7 @@ class hierarchical_reduce_scatterer {
   // Shard (node, local rank): sub-shard `node` of part `local rank`, within
   // the bucket (the padding of the last parts is no one's).
   element_range shard(int node, int local_rank) const {
-    std::size_t const d = layout_.size(), sub = inner_->shard_size();
+    std::size_t const d = layout_.size(), sub = node_->parts().slot / static_cast<std::size_t>(groups_->nodes());
     std::size_t const first =
         std::min(d, node_->parts().slot * static_cast<std::size_t>(local_rank) + sub * static_cast<std::size_t>(node));
     return {first, std::min(d, first + sub) - first};
