@@ -30,6 +30,16 @@ expect "an empty list selects everything" "$got" yes
 (check_names "bf16 nonesuch" 2>/dev/null) && got=accepted || got=refused
 expect "an unknown name" "$got" refused
 
+# Repetition K trains with seed K, so repeated runs differ in their training,
+# not only in their timing (a user's own --seed, passed after --, still wins).
+for script in bench/e2e/run.sh bench/e2e/two_nodes.sh; do
+  line=$(grep -- '--seed "$k"' "$script")
+  [ -n "$line" ] && got=yes || got=no
+  expect "$script seeds repetition K with K" "$got" yes
+  [[ $line == *'--seed "$k"'*'"${extra[@]}"'* ]] && got=yes || got=no
+  expect "$script passes its seed before the user's flags" "$got" yes
+done
+
 # Every --only list in the README names known compressors.
 while read -r names; do
   (check_names "$names") || failures=$((failures + 1))

@@ -7,7 +7,9 @@
 # accuracy; then prints one table (time-to-accuracy, speedup over bf16, final
 # accuracy, wire bytes per step, share of time in compression) and writes
 # e2e.csv and e2e.png to the output folder. --repeat N runs every
-# configuration N times (the table gives medians and ranges); --overlap-both
+# configuration N times, repetition K with --seed K (another initialization and
+# data order, so the ranges cover the training's own variation, not only the
+# timing's; the table gives medians and ranges); --overlap-both
 # runs each compressor also with --overlap off (COMPRESSOR~no-overlap) and
 # prints the two side by side; --only "bf16 topkc-10%" limits the compressors.
 #
@@ -71,7 +73,7 @@ for rate in $rates; do
         ip netns exec "$ns" mpiexec -n 4 --oversubscribe --allow-run-as-root --bind-to none \
           --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
           "$train" --backend mpi $flags --overlap "$overlap" --target "$target" --stop-at-target --epochs 6 \
-          --eval-every 25 --out "$file" "${extra[@]}" | tail -1
+          --eval-every 25 --seed "$k" --out "$file" "${extra[@]}" | tail -1
       done
     done
   done

@@ -15,7 +15,8 @@
 # Rows: flat and hierarchical (--ranks-per-node 2), for bf16 and each
 # compressor of --only (names from common.sh); COMPRESSOR~hier is the
 # hierarchical run, and its speedup is over bf16~hier. Classic TopK does not
-# shard, and runs flat only. Medians and ranges over --repeat runs.
+# shard, and runs flat only. Medians and ranges over --repeat runs; run K
+# trains with --seed K, so the ranges cover the training's own variation.
 #
 #   sudo bench/e2e/two_nodes.sh [--out DIR] [--rates "1gbit 10gbit"] [--target 0.85] [--repeat 3]
 #                               [--only "topkc-10% thc-4bit"] [-- train flags]
@@ -106,7 +107,7 @@ for rate in $rates; do
           --mca plm_rsh_agent "$agent" --mca mpi_yield_when_idle 1 --mca btl vader,tcp,self \
           --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 \
           "$train" --backend mpi $flags "${level_flags[@]}" --target "$target" --stop-at-target --epochs 6 \
-          --eval-every 25 --out "$out/${rate}__${label}__r$k.csv" "${extra[@]}" | tail -1
+          --eval-every 25 --seed "$k" --out "$out/${rate}__${label}__r$k.csv" "${extra[@]}" | tail -1
       done
     done
   done
