@@ -106,5 +106,25 @@ class RepetitionsTest(unittest.TestCase):
         self.assertIn("not reached", cells[("1gbit", "topkc-10%")])
 
 
+class SeedsTest(unittest.TestCase):
+    """Repetitions with different seeds reach the target at different steps:
+    the table gives their median and range."""
+
+    def test_steps_to_target_median_and_range(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            # Each run crosses 0.85 at its own step (50, 100, 75), at 0.1 s a step.
+            for k, hit in ((1, 50), (2, 100), (3, 75)):
+                with open(os.path.join(tmp, f"1gbit__bf16__r{k}.csv"), "w") as f:
+                    f.write("step,wall_s,compress_s,comm_s,wire_bytes,test_acc\n")
+                    for step in range(25, 125, 25):
+                        f.write(f"{step},{step / 10},0,0,{step * 1000},{0.86 if step >= hit else 0.80}\n")
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                report.main(["--target", "0.85"] + sorted(os.path.join(tmp, f) for f in os.listdir(tmp)))
+        cells = [c.strip() for c in out.getvalue().splitlines()[2].strip("|").split("|")]
+        self.assertEqual(cells[2], "7.5 (5.0-10.0)")
+        self.assertEqual(cells[9], "75 (50-100)")
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -81,8 +81,8 @@ def median(values):
 
 
 def group(summaries):
-    """Repetitions of one configuration -> one summary: medians, and the range
-    of the time to target (None unless every repetition reached it)."""
+    """Repetitions of one configuration -> one summary: medians, and the ranges
+    of the time and steps to target (None unless every repetition reached it)."""
     groups = {}
     for s in summaries:
         groups.setdefault((s["rate"], s["name"]), []).append(s)
@@ -96,6 +96,7 @@ def group(summaries):
         g["tta"] = median(reached) if whole else None
         g["tta_range"] = (min(reached), max(reached)) if whole else None
         g["steps"] = median([r["steps"] for r in reps]) if whole else None
+        g["steps_range"] = (min(r["steps"] for r in reps), max(r["steps"] for r in reps)) if whole else None
         g["reached"] = len(reached)
         out.append(g)
     return out
@@ -128,7 +129,12 @@ def table(summaries, target):
             tta = f'{g["tta"]:.1f}'
         b = base.get((g["rate"], baseline_of(g["name"])))
         speedup = f'{b / g["tta"]:.2f}x' if (b is not None and g["tta"]) else "-"
-        steps = f'{g["steps"]:.0f}' if g["steps"] is not None else "-"
+        if g["steps"] is None:
+            steps = "-"
+        elif g["steps_range"][0] == g["steps_range"][1]:
+            steps = f'{g["steps"]:.0f}'
+        else:  # repetitions train with different seeds, so their steps differ too
+            steps = f'{g["steps"]:.0f} ({g["steps_range"][0]:.0f}-{g["steps_range"][1]:.0f})'
         lines.append(
             f'| {g["rate"]} | {g["name"]} | {tta} | {speedup} | {g["final_acc"]:.4f} | '
             f'{g["wire_per_step"] / 1e6:.3f} | {g["compress_share"]:.1%} | {g["comm_share"]:.1%} | {g["runs"]} | '
