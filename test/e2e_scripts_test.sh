@@ -31,13 +31,16 @@ expect "an empty list selects everything" "$got" yes
 expect "an unknown name" "$got" refused
 
 # Repetition K trains with seed K, so repeated runs differ in their training,
-# not only in their timing (a user's own --seed, passed after --, still wins).
+# not only in their timing; both scripts pass the shared flags before the
+# user's (whose own --seed, passed after --, still wins).
+set_run_flags 0.88 2
+expect "the shared trainer flags" "${run_flags[*]}" "--target 0.88 --stop-at-target --epochs 6 --eval-every 25 --seed 2"
 for script in bench/e2e/run.sh bench/e2e/two_nodes.sh; do
-  line=$(grep -- '--seed "$k"' "$script")
-  [ -n "$line" ] && got=yes || got=no
-  expect "$script seeds repetition K with K" "$got" yes
-  [[ $line == *'--seed "$k"'*'"${extra[@]}"'* ]] && got=yes || got=no
-  expect "$script passes its seed before the user's flags" "$got" yes
+  grep -q 'set_run_flags "$target" "$k"' "$script" && got=yes || got=no
+  expect "$script sets the shared flags for repetition K" "$got" yes
+  line=$(grep -A1 -- '"${run_flags\[@\]}"' "$script" | tr -d '\n')
+  [[ $line == *'"${run_flags[@]}"'*'"${extra[@]}"'* ]] && got=yes || got=no
+  expect "$script passes the shared flags before the user's" "$got" yes
 done
 
 # Every --only list in the README names known compressors.

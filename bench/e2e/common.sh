@@ -19,6 +19,13 @@ compressors=(
   "randk-50k-sgd|--compressor randk --k 50000 --bits 10 --momentum 0"
 )
 
+# The trainer's flags every run shares, into the array run_flags: train until
+# the target accuracy TARGET (at most 6 epochs), evaluating every 25 steps;
+# repetition K trains with --seed K, so repeated runs differ in their training
+# (initialization, data order), not only in their timing.
+#   set_run_flags TARGET K
+set_run_flags() { run_flags=(--target "$1" --stop-at-target --epochs 6 --eval-every 25 --seed "$2"); }
+
 # True when NAME is in the space-separated list ONLY, or ONLY is empty.
 selected() { [ -z "$2" ] || [[ " $2 " == *" $1 "* ]]; }
 

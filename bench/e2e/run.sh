@@ -69,11 +69,11 @@ for rate in $rates; do
         file="$out/${rate}__${label}.csv"
         ((repeat > 1)) && file="$out/${rate}__${label}__r$k.csv"
         echo "== $rate: $label${repeat:+ (run $k of $repeat)}"
+        set_run_flags "$target" "$k"
         # shellcheck disable=SC2086
         ip netns exec "$ns" mpiexec -n 4 --oversubscribe --allow-run-as-root --bind-to none \
           --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
-          "$train" --backend mpi $flags --overlap "$overlap" --target "$target" --stop-at-target --epochs 6 \
-          --eval-every 25 --seed "$k" --out "$file" "${extra[@]}" | tail -1
+          "$train" --backend mpi $flags --overlap "$overlap" "${run_flags[@]}" --out "$file" "${extra[@]}" | tail -1
       done
     done
   done

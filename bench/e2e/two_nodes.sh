@@ -102,12 +102,13 @@ for rate in $rates; do
       [ "$level" = hier ] && label="$name~hier" && level_flags=(--ranks-per-node 2)
       for ((k = 1; k <= repeat; k++)); do
         echo "== $rate: $label (run $k of $repeat)"
+        set_run_flags "$target" "$k"
         # shellcheck disable=SC2086
         ip netns exec "$a" mpiexec -n 4 --host "$a:2,$b:2" --allow-run-as-root --bind-to none \
           --mca plm_rsh_agent "$agent" --mca mpi_yield_when_idle 1 --mca btl vader,tcp,self \
           --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 \
-          "$train" --backend mpi $flags "${level_flags[@]}" --target "$target" --stop-at-target --epochs 6 \
-          --eval-every 25 --seed "$k" --out "$out/${rate}__${label}__r$k.csv" "${extra[@]}" | tail -1
+          "$train" --backend mpi $flags "${level_flags[@]}" "${run_flags[@]}" \
+          --out "$out/${rate}__${label}__r$k.csv" "${extra[@]}" | tail -1
       done
     done
   done
