@@ -95,8 +95,9 @@ def group(summaries):
         whole = len(reached) == len(reps)
         g["tta"] = median(reached) if whole else None
         g["tta_range"] = (min(reached), max(reached)) if whole else None
-        g["steps"] = median([r["steps"] for r in reps]) if whole else None
-        g["steps_range"] = (min(r["steps"] for r in reps), max(r["steps"] for r in reps)) if whole else None
+        steps = [r["steps"] for r in reps]
+        g["steps"] = median(steps) if whole else None
+        g["steps_range"] = (min(steps), max(steps)) if whole else None
         g["reached"] = len(reached)
         out.append(g)
     return out
