@@ -43,6 +43,21 @@ for script in bench/e2e/run.sh bench/e2e/two_nodes.sh; do
   expect "$script passes the shared flags before the user's" "$got" yes
 done
 
+# OpenBLAS's kernels come from the CPU's vector units, and both scripts hand
+# the choice to every rank.
+cpuinfo=$(mktemp)
+printf 'flags\t\t: fpu sse2 avx avx2 fma avx512f avx512bw\n' >"$cpuinfo"
+expect "kernels for AVX-512" "$(blas_kernels "$cpuinfo")" SkylakeX
+printf 'flags\t\t: fpu sse2 avx avx2 fma\n' >"$cpuinfo"
+expect "kernels for AVX2" "$(blas_kernels "$cpuinfo")" Haswell
+printf 'flags\t\t: fpu sse2 sse3 avx512_fake\n' >"$cpuinfo"
+expect "no choice without AVX2" "$(blas_kernels "$cpuinfo")" ""
+rm -f "$cpuinfo"
+for script in bench/e2e/run.sh bench/e2e/two_nodes.sh; do
+  grep -q 'mpiexec .*"${blas_env\[@\]}"' "$script" && got=yes || got=no
+  expect "$script passes the BLAS kernels to mpiexec" "$got" yes
+done
+
 # Every --only list in the README names known compressors.
 while read -r names; do
   (check_names "$names") || failures=$((failures + 1))

@@ -26,6 +26,18 @@ compressors=(
 #   set_run_flags TARGET K
 set_run_flags() { run_flags=(--target "$1" --stop-at-target --epochs 6 --eval-every 25 --seed "$2"); }
 
+# The OpenBLAS kernels for this CPU's vector units. OpenBLAS names the CPU by
+# its model, and a model newer than the library (an Emerald Rapids Xeon under
+# Debian 12's OpenBLAS 0.3.21) gets the generic SSE3 kernels, which nearly
+# double a step's time; the vector units are enough to choose well.
+#   blas_kernels [CPUINFO]   (default /proc/cpuinfo; prints nothing for neither)
+blas_kernels() {
+  local cpuinfo=${1:-/proc/cpuinfo}
+  if grep -qw avx512f "$cpuinfo"; then echo SkylakeX
+  elif grep -qw avx2 "$cpuinfo"; then echo Haswell
+  fi
+}
+
 # True when NAME is in the space-separated list ONLY, or ONLY is empty.
 selected() { [ -z "$2" ] || [[ " $2 " == *" $1 "* ]]; }
 
@@ -47,7 +59,9 @@ burst_of() {  # a token bucket must hold a tick's worth of bytes at its rate
   esac
 }
 
-# Root (namespaces, tc) and the tools named; then the trainer, built if missing.
+# Root (namespaces, tc) and the tools named; OpenBLAS's kernels (a user's
+# OPENBLAS_CORETYPE wins), into blas_env for mpiexec; then the trainer, built
+# if missing.
 prepare() {
   if [ "$(id -u)" -ne 0 ]; then
     echo "$0: needs root to create network namespaces and shape them with tc; run it with sudo" >&2
@@ -57,6 +71,9 @@ prepare() {
   for tool in "$@"; do
     command -v "$tool" >/dev/null || { echo "$0: $tool is missing (bash .ci/install-deps installs it)" >&2; exit 1; }
   done
+  local kernels=${OPENBLAS_CORETYPE:-$(blas_kernels)}
+  blas_env=()  # (mpiexec passes on only the variables it is told)
+  [ -z "$kernels" ] || { export OPENBLAS_CORETYPE=$kernels; blas_env=(-x OPENBLAS_CORETYPE); }
   train=$PWD/build/examples/train
   if [ ! -x "$train" ]; then
     cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null

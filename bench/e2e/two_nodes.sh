@@ -104,7 +104,7 @@ for rate in $rates; do
         echo "== $rate: $label (run $k of $repeat)"
         set_run_flags "$target" "$k"
         # shellcheck disable=SC2086
-        ip netns exec "$a" mpiexec -n 4 --host "$a:2,$b:2" --allow-run-as-root --bind-to none \
+        ip netns exec "$a" mpiexec -n 4 --host "$a:2,$b:2" --allow-run-as-root --bind-to none "${blas_env[@]}" \
           --mca plm_rsh_agent "$agent" --mca mpi_yield_when_idle 1 --mca btl vader,tcp,self \
           --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 \
           "$train" --backend mpi $flags "${level_flags[@]}" "${run_flags[@]}" \
