@@ -263,7 +263,7 @@ void report(cli const& c, int ranks, train::result const& r) {
 }
 
 // OpenBLAS names the CPU by its model; a model newer than the library gets
-// the generic SSE3 kernels, and an MLP step takes 2.5x as long (one rank on
+// the generic SSE3 kernels, and an MLP step takes 2.4x as long (one rank on
 // an Emerald Rapids Xeon under Debian 12's OpenBLAS 0.3.21). Said once, by
 // the first rank, with the fix.
 void warn_on_generic_blas() {
