@@ -13,12 +13,11 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build --target train
 
 # OpenBLAS falls back to its generic SSE3 kernels on CPUs newer than itself;
-# pick the ones for this CPU's vector units (a user's choice wins).
-if [ -z "${OPENBLAS_CORETYPE:-}" ]; then
-  if grep -qw avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX
-  elif grep -qw avx2 /proc/cpuinfo; then export OPENBLAS_CORETYPE=Haswell
-  fi
-fi
+# the time-to-accuracy scripts' helper picks the ones for this CPU's vector
+# units (a user's choice wins).
+# shellcheck source=bench/e2e/common.sh
+source bench/e2e/common.sh
+choose_blas_kernels
 
 for run in "--compressor bf16" "--compressor topkc --ratio 0.1"; do
   echo

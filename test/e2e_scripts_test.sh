@@ -53,6 +53,13 @@ expect "kernels for AVX2" "$(blas_kernels "$cpuinfo")" Haswell
 printf 'flags\t\t: fpu sse2 sse3 avx512_fake\n' >"$cpuinfo"
 expect "no choice without AVX2" "$(blas_kernels "$cpuinfo")" ""
 rm -f "$cpuinfo"
+saved=${OPENBLAS_CORETYPE-unset}
+OPENBLAS_CORETYPE=Zen choose_blas_kernels
+expect "a user's kernels win" "$OPENBLAS_CORETYPE" Zen
+expect "mpiexec is told to pass them on" "${blas_env[*]}" "-x OPENBLAS_CORETYPE"
+if [ "$saved" = unset ]; then unset OPENBLAS_CORETYPE; else export OPENBLAS_CORETYPE=$saved; fi
+grep -q '^choose_blas_kernels$' examples/demo.sh && got=yes || got=no
+expect "the demo chooses the kernels as the scripts do" "$got" yes
 for script in bench/e2e/run.sh bench/e2e/two_nodes.sh; do
   grep -q 'mpiexec .*"${blas_env\[@\]}"' "$script" && got=yes || got=no
   expect "$script passes the BLAS kernels to mpiexec" "$got" yes

@@ -38,6 +38,15 @@ blas_kernels() {
   fi
 }
 
+# Exports OPENBLAS_CORETYPE as blas_kernels chooses, unless the user set it,
+# and fills blas_env with what mpiexec needs to pass it on to every rank
+# (mpiexec passes on only the variables it is told).
+choose_blas_kernels() {
+  local kernels=${OPENBLAS_CORETYPE:-$(blas_kernels)}
+  blas_env=()
+  [ -z "$kernels" ] || { export OPENBLAS_CORETYPE=$kernels; blas_env=(-x OPENBLAS_CORETYPE); }
+}
+
 # True when NAME is in the space-separated list ONLY, or ONLY is empty.
 selected() { [ -z "$2" ] || [[ " $2 " == *" $1 "* ]]; }
 
@@ -71,9 +80,7 @@ prepare() {
   for tool in "$@"; do
     command -v "$tool" >/dev/null || { echo "$0: $tool is missing (bash .ci/install-deps installs it)" >&2; exit 1; }
   done
-  local kernels=${OPENBLAS_CORETYPE:-$(blas_kernels)}
-  blas_env=()  # (mpiexec passes on only the variables it is told)
-  [ -z "$kernels" ] || { export OPENBLAS_CORETYPE=$kernels; blas_env=(-x OPENBLAS_CORETYPE); }
+  choose_blas_kernels
   train=$PWD/build/examples/train
   if [ ! -x "$train" ]; then
     cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
