@@ -1,5 +1,5 @@
-// 16-bit floating-point storage types and the element-type tags the
-// collectives understand.
+// The core types: 16-bit floating-point storage, the element-type tags the
+// collectives understand, the gradient-element concept and the reductions.
 //
 // gradcomp carries its own fp16 / bf16 types so that host (g++) and device
 // (nvcc) code round identically: conversions are plain integer arithmetic,
@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string_view>
+#include <type_traits>
 
 namespace gradcomp::inline GRADCOMP_ABI {
 namespace detail {
@@ -242,6 +243,18 @@ constexpr std::string_view name_of(dtype t) {
   constexpr std::string_view names[] = {"float32", "float64", "float16", "bfloat16", "int8",
                                         "uint8",   "int32",   "uint32",  "int64",    "uint64"};
   return names[static_cast<int>(t)];
+}
+
+/// Gradient element types: what a bucket's gradients may be stored as.
+template <class G>
+concept gradient_element = std::is_same_v<G, float> || std::is_same_v<G, bfloat16> || std::is_same_v<G, half>;
+
+/// The reductions collectives support.
+enum class reduce_op { sum, max, min };
+
+/// Name of `op`, for error messages.
+constexpr std::string_view name_of(reduce_op op) {
+  return op == reduce_op::sum ? "sum" : op == reduce_op::max ? "max" : "min";
 }
 
 /// Converts between float and the wire types, host and device alike.

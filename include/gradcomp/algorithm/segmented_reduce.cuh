@@ -8,7 +8,7 @@
 
 namespace gradcomp::inline GRADCOMP_ABI::detail {
 
-inline constexpr int reduce_threads = 256;
+inline constexpr int reduce_threads = tuning::block_threads;
 inline constexpr int reduce_warps = reduce_threads / 32;
 
 inline unsigned reduce_blocks(std::size_t ranges) {

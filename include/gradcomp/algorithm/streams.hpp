@@ -74,10 +74,6 @@ struct widened {
   T* data;                   ///< The 16-bit elements.
 };
 
-/// Gradient element types: what a bucket's gradients may be stored as.
-template <class G>
-concept gradient_element = std::is_same_v<G, float> || std::is_same_v<G, bfloat16> || std::is_same_v<G, half>;
-
 namespace detail {
 
 /// A gradient's elements from `offset` on, as a stream of floats: the

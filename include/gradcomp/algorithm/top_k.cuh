@@ -16,7 +16,7 @@
 
 namespace gradcomp::inline GRADCOMP_ABI::detail {
 
-inline constexpr int select_threads = 256;
+inline constexpr int select_threads = tuning::block_threads;
 inline constexpr int select_items = select_tile / select_threads;  // 16 keys per thread in a tile
 
 GRADCOMP_HOST_DEVICE std::uint64_t above_equal(std::uint64_t above, std::uint64_t equal) {
@@ -167,7 +167,7 @@ struct cuda_top_k<cuda_kernels_tag, Key, Emit> {
     auto const s = carve_device_select(carver, n);
     cudaStream_t const stream = space.stream;
     std::size_t const tiles = (n + select_tile - 1) / select_tile;
-    unsigned const grid = static_cast<unsigned>(std::min<std::size_t>(tiles, 1024));
+    unsigned const grid = static_cast<unsigned>(std::min<std::size_t>(tiles, tuning::select_max_blocks));
     select_init_kernel<><<<1, select_threads, 0, stream>>>(s.histogram.data(), s.state.data(), count);
     select_histogram_kernel<11, 21><<<grid, select_threads, 0, stream>>>(n, key, s.state.data(), s.histogram.data());
     select_pick_kernel<11><<<1, select_threads, 0, stream>>>(s.state.data(), s.histogram.data());

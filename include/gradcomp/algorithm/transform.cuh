@@ -15,7 +15,7 @@
 namespace gradcomp::inline GRADCOMP_ABI::detail {
 
 /// Threads per block of the element passes.
-inline constexpr int transform_threads = 256;
+inline constexpr int transform_threads = tuning::block_threads;
 
 constexpr int ceil_pow2(int x) {
   int p = 1;

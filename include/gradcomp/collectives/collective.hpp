@@ -13,14 +13,6 @@
 
 namespace gradcomp::inline GRADCOMP_ABI {
 
-/// The reductions collectives support.
-enum class reduce_op { sum, max, min };
-
-/// Name of `op`, for error messages.
-constexpr std::string_view name_of(reduce_op op) {
-  return op == reduce_op::sum ? "sum" : op == reduce_op::max ? "max" : "min";
-}
-
 /// Where a buffer handed to a collective lives.
 enum class memory_kind { host, device };
 

@@ -1,5 +1,17 @@
 // MPI backend (component gradcomp::mpi): one process per rank.
+//
+// Without <mpi.h> on the include path (no gradcomp::mpi linked) this header
+// still compiles, and declares mpi_communicator without defining it: code
+// that uses it fails to compile there, on an incomplete type.
 #pragma once
+
+#include <gradcomp/config.hpp>
+
+#if !__has_include(<mpi.h>)
+namespace gradcomp::inline GRADCOMP_ABI {
+class mpi_communicator;  // defined where <mpi.h> is found: link gradcomp::mpi
+}  // namespace gradcomp
+#else
 
 #include <gradcomp/collectives/collective.hpp>
 #include <gradcomp/detail/reduce.hpp>
@@ -246,3 +258,5 @@ static_assert(collective<mpi_communicator>);
 static_assert(reduce_scattering<mpi_communicator> && splittable<mpi_communicator>);
 
 }  // namespace gradcomp
+
+#endif  // __has_include(<mpi.h>)

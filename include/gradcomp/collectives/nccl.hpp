@@ -1,10 +1,18 @@
 // NCCL backend (component gradcomp::nccl), the default collective on GPUs.
+//
+// Without the CUDA runtime (GRADCOMP_WITH_CUDA, set by linking
+// gradcomp::nccl) or <nccl.h>, this header still compiles, and declares
+// nccl_communicator without defining it: code that uses it fails to compile
+// there, on an incomplete type.
 #pragma once
 
 #include <gradcomp/config.hpp>
-#if !GRADCOMP_HAS_CUDA
-#error "<gradcomp/collectives/nccl.hpp> needs the CUDA runtime: link gradcomp::nccl (or define GRADCOMP_WITH_CUDA)"
-#endif
+
+#if !GRADCOMP_HAS_CUDA || !__has_include(<nccl.h>)
+namespace gradcomp::inline GRADCOMP_ABI {
+class nccl_communicator;  // defined with the CUDA runtime and NCCL: link gradcomp::nccl
+}  // namespace gradcomp
+#else
 
 #include <gradcomp/collectives/collective.hpp>
 #include <gradcomp/error.hpp>
@@ -218,3 +226,5 @@ static_assert(reduce_scattering<nccl_communicator> && splittable<nccl_communicat
 inline cuda_space default_space(nccl_communicator const& c) { return {c.stream()}; }
 
 }  // namespace gradcomp
+
+#endif  // GRADCOMP_HAS_CUDA && __has_include(<nccl.h>)

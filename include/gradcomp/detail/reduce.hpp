@@ -2,7 +2,6 @@
 // MPI backend's 16-bit operators and the all-gather aggregator.
 #pragma once
 
-#include <gradcomp/collectives/collective.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/types.hpp>
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <gradcomp/execution/cuda.hpp>
+#include <gradcomp/execution/tuning.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -10,8 +11,8 @@ namespace gradcomp::inline GRADCOMP_ABI::detail {
 
 /// Launch shape of index loops: enough blocks to fill any current GPU
 /// several times over, then grid-stride.
-inline constexpr int index_block_threads = 256;
-inline constexpr std::size_t index_max_blocks = 4096;
+inline constexpr int index_block_threads = tuning::block_threads;
+inline constexpr std::size_t index_max_blocks = tuning::index_max_blocks;
 
 inline unsigned index_blocks(std::size_t n) {
   std::size_t const blocks = (n + index_block_threads - 1) / index_block_threads;

@@ -18,7 +18,7 @@
 
 namespace gradcomp::inline GRADCOMP_ABI::detail {
 
-inline constexpr int gram_schmidt_threads = 256;
+inline constexpr int gram_schmidt_threads = tuning::block_threads;
 
 inline void check_cublas(cublasStatus_t status, char const* what) {
   if (status != CUBLAS_STATUS_SUCCESS)
