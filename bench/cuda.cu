@@ -130,7 +130,7 @@ int main(int argc, char** argv) {
   bench::register_compressor_rows<registrar>("cuda");
   // What nonfinite_policy::raise costs on the device beside propagate: the
   // verdict's copy at the end of a step, and the next call's look at it.
-  registrar::add<bf16, error_feedback::residual, nonfinite_policy::raise>("cuda/bf16+ef+raise");
+  registrar::add<bf16, error_feedback::residual, nonfinite_policy::raise>("cuda/bf16:ef=on+raise");
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

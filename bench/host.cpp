@@ -144,19 +144,22 @@ int main(int argc, char** argv) {
   using namespace gradcomp;
   benchmark::RegisterBenchmark("host/copy", copy)->Apply(sizes);
   bench::register_compressor_rows<registrar>("host");
-  auto both = [](std::string const& name, auto compressor) {
-    using C = decltype(compressor);
-    for (bool scatter : {false, true}) {
-      std::string const row = std::string("host4/") + (scatter ? "reduce-scatter/" : "all-reduce/") + name;
-      auto* b = scatter ? benchmark::RegisterBenchmark(row.c_str(), four_ranks<C, true>, compressor)
-                        : benchmark::RegisterBenchmark(row.c_str(), four_ranks<C, false>, compressor);
-      b->Arg(1 << 22)->Iterations(20)->Repetitions(5)->Unit(benchmark::kMillisecond)->UseManualTime();
-    }
-  };
-  both("bf16", bf16{});
-  both("thc4-B1024", thc<>{.block = 1024, .bits = 4});
-  both("qsgd-ms6+10", qsgd_multiscale{});
-  both("topkc@1%", topk_chunked<>{.fraction = 0.01});
+  // All-reduce against reduce-scatter on four ranks, with error feedback.
+  for (char const* text : {"bf16:ef=on", "thc:bits=4,block=1024", "qsgd_multiscale", "topkc:fraction=0.01"}) {
+    compressor_spec const spec = compressor_spec::parse(text);
+    visit_compressor(spec, 4, [&](auto compressor, auto) {
+      using C = decltype(compressor);
+      if constexpr (detail::shards_by_elements<C>) {  // (the others cannot reduce-scatter)
+        for (bool scatter : {false, true}) {
+          std::string const row = std::string("host4/") + (scatter ? "reduce-scatter/" : "all-reduce/") + spec.str();
+          auto* b = scatter ? benchmark::RegisterBenchmark(row.c_str(), four_ranks<C, true>, compressor)
+                            : benchmark::RegisterBenchmark(row.c_str(), four_ranks<C, false>, compressor);
+          b->Arg(1 << 22)->Iterations(20)->Repetitions(5)->Unit(benchmark::kMillisecond)->UseManualTime();
+        }
+      }
+      return 0;
+    });
+  }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -19,7 +19,7 @@ cmake --build build --target train
 source bench/e2e/common.sh
 choose_blas_kernels
 
-for run in "--compressor bf16" "--compressor topkc --ratio 0.1"; do
+for run in "--compressor bf16" "--compressor topkc --fraction 0.1"; do
   echo
   echo "== train $run $*"
   # shellcheck disable=SC2086

@@ -25,16 +25,16 @@ void for_each_spec(F&& f) {
   f("bf16", bf16{}, none{}, "bf16");
   f("bf16:ef=on", bf16{}, residual{}, "bf16");
   f("fp16", fp16{}, none{}, "fp16");
-  f("topkc:fraction=0.2,chunk=16", topk_chunked<>{.chunk_size = 16, .fraction = 0.2}, residual{}, "topkc<bf16>");
+  f("topkc:fraction=0.2,chunk_size=16", topkc<>{.chunk_size = 16, .fraction = 0.2}, residual{}, "topkc<bf16>");
   f("topk:fraction=0.1,ef=off", topk<bfloat16>{.fraction = 0.1}, none{}, "topk<bf16>");
-  f("powersgd:rank=2", powersgd<>{.rank = 2}, residual{}, "powersgd<fp32>");
+  f("powersgd:matrix_rank=2", powersgd<>{.matrix_rank = 2}, residual{}, "powersgd<fp32>");
   f("thc:bits=4,block=64", thc<std::uint8_t>{.block = 64, .bits = 4}, residual{}, "thc<uint8>");
   f("thc:bits=7,block=64,stages=3", thc<std::int32_t>{.block = 64, .stages = 3, .bits = 7}, residual{},
     "thc<int32>");  // 3 x 127 > 255
-  f("qsgd:bits=4", qsgd_maxnorm<std::int8_t>{.bits = 4}, none{}, "qsgd-maxnorm<int8>");
-  f("qsgd:bits=6", qsgd_maxnorm<std::int32_t>{.bits = 6}, none{}, "qsgd-maxnorm<int32>");  // 3 x 63 > 127
-  f("qsgd-ms", qsgd_multiscale{}, residual{}, "qsgd-multiscale");
-  f("randk:bits=4,k=40", global_randk<std::int8_t>{.k = 40, .bits = 4}, residual{}, "global-randk<int8>");
+  f("qsgd:bits=4", qsgd<std::int8_t>{.bits = 4}, none{}, "qsgd<int8>");
+  f("qsgd:bits=6", qsgd<std::int32_t>{.bits = 6}, none{}, "qsgd<int32>");  // 3 x 63 > 127
+  f("qsgd_multiscale", qsgd_multiscale{}, residual{}, "qsgd_multiscale");
+  f("global_randk:bits=4,k=40", global_randk<std::int8_t>{.k = 40, .bits = 4}, residual{}, "global_randk<int8>");
   f("intsgd", intsgd<std::int8_t>{}, residual{}, "intsgd<int8>");
   f("intsgd:lane=int32", intsgd<std::int32_t>{}, residual{}, "intsgd<int32>");
 }
@@ -80,7 +80,7 @@ TEST_CASE("the lane policy picks the narrowest lane n ranks cannot overflow") {
   auto picks_narrow = [](std::string const& text, int ranks) {
     return visit_compressor(compressor_spec::parse(text), ranks, [](auto c, auto) {
       using C = decltype(c);
-      return std::is_same_v<C, thc<std::uint8_t>> || std::is_same_v<C, qsgd_maxnorm<std::int8_t>> ||
+      return std::is_same_v<C, thc<std::uint8_t>> || std::is_same_v<C, qsgd<std::int8_t>> ||
              std::is_same_v<C, global_randk<std::int8_t>> || std::is_same_v<C, intsgd<std::int8_t>>;
     });
   };
@@ -91,8 +91,8 @@ TEST_CASE("the lane policy picks the narrowest lane n ranks cannot overflow") {
   CHECK(picks_narrow("qsgd:bits=4", 8));  // 8 x 15 = 120
   CHECK_FALSE(picks_narrow("qsgd:bits=4", 9));
   CHECK_FALSE(picks_narrow("qsgd:bits=8", 1));  // 255 levels never fit int8
-  CHECK(picks_narrow("randk:bits=3", 18));      // 18 x 7 = 126
-  CHECK_FALSE(picks_narrow("randk:bits=3", 19));
+  CHECK(picks_narrow("global_randk:bits=3", 18));      // 18 x 7 = 126
+  CHECK_FALSE(picks_narrow("global_randk:bits=3", 19));
   CHECK(picks_narrow("intsgd", 18));
   CHECK_FALSE(picks_narrow("intsgd", 19));
   CHECK(picks_narrow("thc:bits=4,lane=int8", 40));  // named: taken as named (and refused if it overflows)

@@ -138,7 +138,7 @@ TEST_CASE("a bad checkpoint on any rank is refused by every rank and changes not
   int const ranks = 3;
   using C = powersgd<>;  // state in its workspace (Q) as well as a residual
   using reducer = host_reducer<C, error_feedback::residual, local_group::communicator>;
-  C const c{.rank = 2, .min_compression_rate = 1};
+  C const c{.matrix_rank = 2, .min_compression_rate = 1};
   bucket_layout const layout = odd_layout(1);
   std::size_t const d = layout.size();
 
@@ -147,7 +147,7 @@ TEST_CASE("a bad checkpoint on any rank is refused by every rank and changes not
   std::vector<bytes> at2(ranks), at3(ranks), two_ranks(2), other_config(ranks);
   local_group::run(ranks, [&](local_group::communicator& comm) {
     reducer reduce(c, comm, layout, host_space{}, {.warmup_steps = 1});
-    reducer other(C{.rank = 3, .min_compression_rate = 1}, comm, layout, host_space{});
+    reducer other(C{.matrix_rank = 3, .min_compression_rate = 1}, comm, layout, host_space{});
     for (int step = 0; step < 3; ++step) {
       auto g = random_gradient(700 + step, comm.rank(), d);
       if (step == 2) at2[comm.rank()] = reduce.save();
@@ -283,7 +283,7 @@ TEST_CASE("a restored compressor state must be one the compressor can hold") {
       CHECK(reduce.save() == before);
     });
   };
-  check(powersgd<>{.rank = 2, .min_compression_rate = 1}, std::numeric_limits<float>::quiet_NaN(), "PowerSGD's Q");
+  check(powersgd<>{.matrix_rank = 2, .min_compression_rate = 1}, std::numeric_limits<float>::quiet_NaN(), "PowerSGD's Q");
   check(intsgd<>{}, -1.0, "IntSGD's running norm");
 }
 

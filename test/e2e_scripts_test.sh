@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The time-to-accuracy scripts, without root or a run: they parse, their
-# shared helpers answer as the runs rely on, and every compressor name the
-# README's commands pass to --only is one the scripts know.
+# shared helpers answer as the runs rely on, every compressor name the docs'
+# commands pass to --only is one the scripts know, and (given the trainer)
+# the scripts' list covers the registry and passes flags the trainer has.
+#   e2e_scripts_test.sh [TRAIN]
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 failures=0
@@ -65,12 +67,34 @@ for script in bench/e2e/run.sh bench/e2e/two_nodes.sh; do
   expect "$script passes the BLAS kernels to mpiexec" "$got" yes
 done
 
-# Every --only list in the README names known compressors.
+# Every --only list in the docs names known compressors.
+docs=(README.md bench/e2e/results/README.md)
 while read -r names; do
   (check_names "$names") || failures=$((failures + 1))
-done < <(grep -o -- '--only "[^"]*"' README.md | sed 's/--only "\(.*\)"/\1/')
-[ "$(grep -c -- '--only "' README.md)" -gt 0 ] && got=yes || got=no
-expect "the README has --only lists to check" "$got" yes
+done < <(cat "${docs[@]}" | grep -o -- '--only "[^"]*"' | sed 's/--only "\(.*\)"/\1/')
+[ "$(cat "${docs[@]}" | grep -c -- '--only "')" -gt 0 ] && got=yes || got=no
+expect "the docs have --only lists to check" "$got" yes
+
+# The scripts' list against the trainer: every registered compressor is
+# compared (by the name it is given with --compressor), and every flag the
+# list passes is one the trainer knows.
+if [ $# -ge 1 ]; then
+  train=$1
+  registered=$("$train" --list-compressors | sort | tr '\n' ' ')
+  listed=$(for entry in "${compressors[@]}"; do
+    read -ra words <<<"${entry#*|}"
+    for ((i = 0; i < ${#words[@]}; i++)); do [ "${words[i]}" = --compressor ] && echo "${words[i + 1]%%:*}"; done
+  done | sort -u | tr '\n' ' ')
+  expect "the scripts compare every registered compressor" "$listed" "$registered"
+  help=$("$train" --help)
+  for entry in "${compressors[@]}"; do
+    for word in ${entry#*|}; do
+      [[ $word == --* ]] || continue
+      grep -q -- "^  $word " <<<"$help" && got=yes || got=no
+      expect "the trainer knows $word" "$got" yes
+    done
+  done
+fi
 
 if ((failures)); then
   echo "$failures failure(s)"

@@ -150,7 +150,7 @@ TEST_CASE("two-level reduce-scatter of 16-bit buckets: bitwise the hierarchical 
 }
 
 TEST_CASE("two-level reduce-scatter: lanes are sized by the number of nodes, not of ranks") {
-  qsgd_maxnorm<std::int8_t> q{.bits = 5};  // codes up to +-31: 2 x 31 fits an int8 sum, 8 x 31 does not
+  qsgd<std::int8_t> q{.bits = 5};  // codes up to +-31: 2 x 31 fits an int8 sum, 8 x 31 does not
   local_group::run(8, [&](world_comm& world) {
     auto groups = split_nodes(world, 4);
     CHECK_NOTHROW(hierarchical_reduce_scatterer<decltype(q), error_feedback::none, world_comm, host_space>(
@@ -186,7 +186,7 @@ TEST_CASE("two-level reduce-scatter: bad input on one rank fails every rank of e
 }
 
 TEST_CASE("two-level reduce-scatter: a run saved and restored continues bitwise; others' checkpoints are refused") {
-  using C = topk_chunked<>;
+  using C = topkc<>;
   C const c{.chunk_size = 16, .fraction = 0.2};
   std::vector<std::vector<float>> whole(4), resumed(4);
   local_group::run(4, [&](world_comm& world) {
@@ -225,7 +225,7 @@ TEST_CASE("two-level reduce-scatter: a run saved and restored continues bitwise;
 }
 
 TEST_CASE("any_reduce_scatterer over two levels gives bitwise the typed shards, and refuses on every rank") {
-  for (char const* text : {"bf16", "thc:bits=4,block=256", "topkc:fraction=0.1,chunk=64"}) {
+  for (char const* text : {"bf16", "thc:bits=4,block=256", "topkc:fraction=0.1,chunk_size=64"}) {
     local_group::run(6, [&](world_comm& world) {
       compressor_spec const spec = compressor_spec::parse(text);
       std::uint64_t const seed = shared_seed(world);

@@ -167,7 +167,7 @@ TEST_CASE("hierarchical error feedback loses nothing over many steps") {
 }
 
 TEST_CASE("lanes are sized by the number of nodes: accepted for 2 nodes, refused flat over 8 ranks") {
-  qsgd_maxnorm<std::int8_t> q{.bits = 5};  // codes up to +-31: 2 x 31 fits an int8 sum, 8 x 31 does not
+  qsgd<std::int8_t> q{.bits = 5};  // codes up to +-31: 2 x 31 fits an int8 sum, 8 x 31 does not
   local_group::run(8, [&](local_group::communicator& world) {
     auto groups = split_nodes(world, 4);
     CHECK_NOTHROW(hierarchical_allreducer<decltype(q), error_feedback::none, local_group::communicator, host_space>(
@@ -200,14 +200,14 @@ TEST_CASE("ranks agree over two levels in world order, and a disagreement names 
       CHECK(all.first_other_a() == 1);
       CHECK(all.first_other_b() == -1);
 
-      using reducer = hierarchical_allreducer<topk_chunked<>, error_feedback::residual, local_group::communicator,
+      using reducer = hierarchical_allreducer<topkc<>, error_feedback::residual, local_group::communicator,
                                               host_space>;
-      topk_chunked<> const c{.chunk_size = 16, .fraction = 0.25};
+      topkc<> const c{.chunk_size = 16, .fraction = 0.25};
       std::size_t const d = rank == n - 1 ? 999 : 1000;
       std::string const sizes = "rank 0 has 1000 elements, rank " + std::to_string(n - 1) + " has 999";
       CHECK_THROWS_WITH_AS(reducer(c, groups, bucket_layout(d), space), doctest::Contains(sizes.c_str()),
                            invalid_argument);
-      topk_chunked<> const other{.chunk_size = 16, .fraction = rank == 1 ? 0.5 : 0.25};
+      topkc<> const other{.chunk_size = 16, .fraction = rank == 1 ? 0.5 : 0.25};
       CHECK_THROWS_WITH_AS(reducer(other, groups, bucket_layout(1000), space),
                            doctest::Contains("rank 1's compressor, its parameters"), invalid_argument);
       CHECK_NOTHROW(reducer(c, groups, bucket_layout(1000), space));  // (nobody was left waiting)
@@ -258,7 +258,7 @@ TEST_CASE("a bad value on one rank fails the step on every rank of every node, a
 }
 
 TEST_CASE("a hierarchical run saved and restored continues bitwise") {
-  using C = topk_chunked<>;
+  using C = topkc<>;
   std::vector<std::vector<float>> whole(4), resumed(4);
   local_group::run(4, [&](local_group::communicator& world) {
     auto groups = split_nodes(world, 2);
@@ -403,7 +403,7 @@ TEST_CASE("16-bit buckets reduce hierarchically to the fp32 path's mean, rounded
         check_16bit_hierarchical<bfloat16>(c, nodes, per_node, bf16_within_node);
       });
       check_16bit_hierarchical<half>(thc<>{.block = 64}, nodes, per_node, bf16_within_node);
-      check_16bit_hierarchical<half>(topk_chunked<>{.chunk_size = 32, .fraction = 0.25}, nodes, per_node,
+      check_16bit_hierarchical<half>(topkc<>{.chunk_size = 32, .fraction = 0.25}, nodes, per_node,
                                      bf16_within_node);
     }
   }
@@ -437,7 +437,7 @@ std::vector<float> rank2_gradient(bucket_layout const& layout, std::uint64_t see
 
 TEST_CASE("PowerSGD reduces in two levels by whole tensors: the mean of rank-2 matrices, bitwise on every rank") {
   using C = powersgd<>;
-  C const c{.rank = 2, .min_compression_rate = 1};
+  C const c{.matrix_rank = 2, .min_compression_rate = 1};
   bucket_layout many;  // more tensors than a node has ranks
   many.add({40, 30}).add({30}).add({64, 20}).add({20}).add({25, 25}).add({7, 9});
   bucket_layout const one({{48, 36}});  // one matrix: the other ranks of the node have no tensor
@@ -478,7 +478,7 @@ TEST_CASE("PowerSGD reduces in two levels by whole tensors: the mean of rank-2 m
 // of whole tensors, some ranks with none.
 TEST_CASE("PowerSGD in two levels: error feedback loses nothing over many steps") {
   using C = powersgd<>;
-  C const c{.rank = 2, .min_compression_rate = 1};
+  C const c{.matrix_rank = 2, .min_compression_rate = 1};
   bucket_layout few;  // three tensors on nodes of up to three ranks
   few.add({30, 20}).add({20}).add({12, 9});
   for (shape const& s : shapes) {

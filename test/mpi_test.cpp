@@ -64,7 +64,7 @@ TEST_CASE("hierarchical over MPI: nodes by override and by detection, bitwise th
     // PowerSGD, by whole tensors, on 16-bit buckets: the same bits on every rank too.
     bucket_layout const matrices({{64, 48}, {48}, {30, 20}});
     hierarchical_allreducer<powersgd<>, error_feedback::residual, mpi_communicator, host_space, bfloat16> p(
-        powersgd<>{.rank = 2}, groups, matrices, host_space{}, {.bf16_within_node = true});
+        powersgd<>{.matrix_rank = 2}, groups, matrices, host_space{}, {.bf16_within_node = true});
     auto const drawn = gradcomp::testing::random_gradient(6, world.rank(), matrices.size());
     std::vector<bfloat16> b(drawn.size());
     for (std::size_t i = 0; i < b.size(); ++i) b[i] = bfloat16(drawn[i]);
@@ -157,7 +157,7 @@ TEST_CASE("reduce-scatter over MPI: each rank's shard is the all-reduce path's s
   };
   check(bf16{}, false);
   check(thc<>{.block = 256}, true);
-  check(qsgd_maxnorm<>{.bits = 4}, true);
+  check(qsgd<>{.bits = 4}, true);
 }
 
 TEST_CASE_TEMPLATE_INVOKE(fp32_mean, host_mpi);

@@ -14,14 +14,14 @@ TEST_CASE("PowerSGD refuses non-finite gradients, bad parameters and layouts tha
   using reducer = allreducer<powersgd<>, error_feedback::residual, local_group::communicator>;
   local_group::run(4, [](local_group::communicator& comm) {
     bucket_layout layout{{20, 30}};
-    reducer reduce(powersgd<>{.rank = 2}, comm, layout);
+    reducer reduce(powersgd<>{.matrix_rank = 2}, comm, layout);
     auto g = testing::random_gradient(3, comm.rank(), 600);
     auto const before = g;
     if (comm.rank() == 2) g[17] = std::numeric_limits<float>::quiet_NaN();
     CHECK_THROWS_AS(reduce({g.data(), g.size()}), nonfinite_error);
     CHECK(std::memcmp(g.data() + 18, before.data() + 18, 500 * 4) == 0);  // the input is untouched
 
-    CHECK_THROWS_WITH_AS(reducer(powersgd<>{.rank = 0}, comm, layout), doctest::Contains("at least 1"),
+    CHECK_THROWS_WITH_AS(reducer(powersgd<>{.matrix_rank = 0}, comm, layout), doctest::Contains("at least 1"),
                          invalid_argument);
     bucket_layout mine{{20, 30}};
     if (comm.rank() == 3) mine = bucket_layout{{30, 20}};  // same size, other shape

@@ -196,8 +196,8 @@ TEST_CASE("what one rank cannot use fails on every rank, and nobody hangs") {
   using comm_t = mpi_like_group::communicator;
   expect_all_fail(mpi_like_group::run(3,
                                       [](comm_t& comm) {
-                                        host_reducer<topk_chunked<>, error_feedback::residual, comm_t> r(
-                                            topk_chunked<>{.fraction = comm.rank() == 0 ? 1.5 : 0.1}, comm,
+                                        host_reducer<topkc<>, error_feedback::residual, comm_t> r(
+                                            topkc<>{.fraction = comm.rank() == 0 ? 1.5 : 0.1}, comm,
                                             bucket_layout(4096), host_space{});
                                       }),
                   "a TopK-Chunked fraction on one rank");
@@ -251,8 +251,8 @@ TEST_CASE("sizes that would wrap are refused with a clear error") {
   twice.add({std::size_t{1} << 60});
   CHECK_THROWS_AS(twice.add({std::size_t{1} << 60}), invalid_argument);
   local_group::run(2, [](local_group::communicator& comm) {
-    CHECK_THROWS_WITH_AS((host_reducer<topk_chunked<>, error_feedback::residual, local_group::communicator>(
-                             topk_chunked<>{.chunk_size = std::size_t{1} << 63}, comm, bucket_layout(1000),
+    CHECK_THROWS_WITH_AS((host_reducer<topkc<>, error_feedback::residual, local_group::communicator>(
+                             topkc<>{.chunk_size = std::size_t{1} << 63}, comm, bucket_layout(1000),
                              host_space{})),
                          doctest::Contains("not a power of two in [1, 2^30]"), invalid_argument);
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)  // (their allocators abort on an exabyte instead of throwing bad_alloc)
@@ -268,8 +268,8 @@ TEST_CASE("changing the OpenMP thread count after construction changes nothing")
 #if GRADCOMP_HAS_OPENMP
   int const before = omp_get_max_threads();
   local_group::run(1, [](local_group::communicator& comm) {
-    host_reducer<topk_chunked<>, error_feedback::residual, local_group::communicator> a(
-        topk_chunked<>{.chunk_size = 8}, comm, bucket_layout(1 << 21), host_space{});
+    host_reducer<topkc<>, error_feedback::residual, local_group::communicator> a(
+        topkc<>{.chunk_size = 8}, comm, bucket_layout(1 << 21), host_space{});
     host_reducer<topk<>, error_feedback::residual, local_group::communicator> b(topk<>{}, comm, bucket_layout(1 << 21),
                                                                             host_space{});
     omp_set_num_threads(8 * omp_get_num_procs());

@@ -138,9 +138,9 @@ TEST_CASE("16-bit buckets: the shard is bitwise the all-reduce path's slice") {
       }
     });
   };
-  check(qsgd_maxnorm<std::int32_t>{.bits = 8});
+  check(qsgd<std::int32_t>{.bits = 8});
   check(thc<>{.block = 256});
-  check(topk_chunked<>{.chunk_size = 64, .fraction = 0.1});
+  check(topkc<>{.chunk_size = 64, .fraction = 0.1});
 }
 
 TEST_CASE("bad input on one rank fails the step on every rank, and nothing moves") {
@@ -191,7 +191,7 @@ TEST_CASE("a reduce-scatter run saved and restored continues bitwise; an all-red
 }
 
 TEST_CASE("any_reduce_scatterer gives bitwise the typed reduce_scatterer's shards, and refuses on every rank") {
-  for (char const* text : {"bf16", "fp16:ef=on", "thc:bits=4,block=256", "topkc:fraction=0.1,chunk=64", "qsgd"}) {
+  for (char const* text : {"bf16", "fp16:ef=on", "thc:bits=4,block=256", "topkc:fraction=0.1,chunk_size=64", "qsgd"}) {
     local_group::run(3, [&](local_group::communicator& world) {
       compressor_spec const spec = compressor_spec::parse(text);
       std::uint64_t const seed = shared_seed(world);

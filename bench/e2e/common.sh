@@ -5,18 +5,19 @@
 # What each run compares: the baselines, and the compressors at sensible settings.
 compressors=(
   "fp32|--compressor fp32"
+  "fp16|--compressor fp16"
   "bf16|--compressor bf16"
-  "topkc-10%|--compressor topkc --ratio 0.1 --chunk 256"
-  "topk-1%|--compressor topk --ratio 0.01"
-  "powersgd-r4|--compressor powersgd --rank 4"
+  "topkc-10%|--compressor topkc --fraction 0.1 --chunk-size 256"
+  "topk-1%|--compressor topk --fraction 0.01"
+  "powersgd-r4|--compressor powersgd --matrix-rank 4"
   "thc-4bit|--compressor thc --bits 4 --block 1024"
-  # QSGD-MaxNorm at 4 bits is too noisy for error feedback: unbiased, without it.
+  # QSGD at 4 bits is too noisy for error feedback: unbiased, without it.
   "qsgd-4bit|--compressor qsgd --bits 4 --ef off"
-  "qsgd-ms|--compressor qsgd-ms"
+  "qsgd_multiscale|--compressor qsgd_multiscale"
   "intsgd|--compressor intsgd"
   # Random-k with error feedback diverges under momentum 0.9 (a coordinate
   # waits d/k steps, then lands with its whole backlog): plain SGD for it.
-  "randk-50k-sgd|--compressor randk --k 50000 --bits 10 --momentum 0"
+  "global_randk-50k-sgd|--compressor global_randk --k 50000 --bits 10 --momentum 0"
 )
 
 # The trainer's flags every run shares, into the array run_flags: train until

@@ -5,7 +5,7 @@
 #include <gradcomp/collectives/mpi.hpp>
 #endif
 #if CONSUMER_HAS_NCCL
-#include <gradcomp/collectives/nccl.hpp>
+#include <gradcomp/nccl.hpp>
 #endif
 
 #include <cstdio>

@@ -18,6 +18,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -25,7 +26,11 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 extern "C" void openblas_set_num_threads(int);
 
@@ -56,16 +61,39 @@ int ranks_on_this_host(gradcomp::mpi_communicator const& world) {
 }
 #endif
 
-char const* const flags = R"(usage: train [flags]
-  --compressor NAME    fp32, fp16, bf16 (default), topk, topkc, powersgd, thc, qsgd, qsgd-ms, randk, intsgd
-  --ratio F            topk: share of elements; topkc: share of chunks (0.01)
-  --chunk N            topkc: chunk size (256)
-  --rank N             powersgd: approximation rank (4)
-  --bits N             thc, qsgd, randk: bits per level (4)
-  --block N            thc: rotation block (1024)
-  --k N                randk: coordinates sent per step (10000)
-  --ef on|off          residual error feedback (default: off for fp32, fp16, bf16 and qsgd, on for the others)
-  --warmup N           first N steps send the plain fp32 mean (0)
+// The compressor's flags come from the registry: --compressor, then one flag
+// per spec key (--fraction, --chunk-size, ...), each naming who takes it.
+std::string flag_of(std::string_view key) {
+  std::string f = "--" + std::string(key);
+  for (char& ch : f)
+    if (ch == '_') ch = '-';
+  return f;
+}
+
+std::string compressor_flags() {
+  auto row = [](std::string left, std::string const& right) {
+    left.resize(std::max<std::size_t>(left.size() + 1, 21), ' ');
+    return "  " + left + right + "\n";
+  };
+  std::string out = row("--compressor SPEC", "NAME or NAME:key=value,... (bf16): " + gradcomp::compressor_spec::names());
+  auto takers = [](std::string_view key) {
+    std::string who;
+    gradcomp::for_each_registered([&]<class C>(std::type_identity<C>) {
+      if (gradcomp::compressor_spec::takes(C::name, key)) who.append(who.empty() ? "" : ", ").append(C::name);
+    });
+    return who;
+  };
+  gradcomp::compressor_spec{}.for_each_key([&](char const* key, auto const&) {
+    out += row(flag_of(key) + " V", takers(key) + ": the spec's " + key + " (the compressor's default)");
+  });
+  out += row("--lane auto|int8|int32", takers("lane") + ": the integer lane (auto: the narrowest that cannot overflow)");
+  out += row("--ef on|off", "residual error feedback (default: the compressor's; off for the unbiased baselines and qsgd)");
+  out += row("--list-compressors", "print the compressor names, one per line");
+  return out;
+}
+
+std::string flags() {
+  return "usage: train [flags]\n" + compressor_flags() + R"(  --warmup N           first N steps send the plain fp32 mean (0)
   --overlap on|off|auto  reduce each bucket while the backward pass goes on (auto, the default: on where this
                        host has a spare core per rank for the reductions; local and mpi backends)
   --grad-dtype T       how gradients are stored and reduced: fp32 (default) or bf16 (local and mpi)
@@ -99,9 +127,10 @@ char const* const flags = R"(usage: train [flags]
   --out FILE.csv       write the evaluations as CSV
   --help               this list
 )";
+}
 
 [[noreturn]] void usage(std::string const& why) {
-  std::cerr << "train: " << why << "\n" << flags;
+  std::cerr << "train: " << why << "\n" << flags();
   std::exit(2);
 }
 
@@ -114,8 +143,19 @@ bool boolean(std::string const& flag, std::string const& value) {
   usage(flag + " takes on or off, not '" + value + "'");
 }
 
+// The spec key a flag sets ("" for other flags).
+std::string spec_key_of(std::string const& flag) {
+  std::string found;
+  gradcomp::compressor_spec{}.for_each_key([&](char const* key, auto const&) {
+    if (flag == flag_of(key)) found = key;
+  });
+  if (flag == "--lane" || flag == "--ef") found = flag.substr(2);
+  return found;
+}
+
 cli parse(int argc, char** argv) {
   cli c;
+  std::vector<std::pair<std::string, std::string>> spec_flags;  // applied once --compressor is known
   for (int i = 1; i < argc; ++i) {
     std::string const flag = argv[i];
     auto value = [&]() -> std::string {
@@ -124,20 +164,12 @@ cli parse(int argc, char** argv) {
     };
     if (flag == "--compressor")
       c.o.compressor = value();
-    else if (flag == "--ratio")
-      c.o.ratio = std::stod(value());
-    else if (flag == "--chunk")
-      c.o.chunk = std::stoul(value());
-    else if (flag == "--rank")
-      c.o.rank = std::stoul(value());
-    else if (flag == "--bits")
-      c.o.bits = std::stoi(value());
-    else if (flag == "--block")
-      c.o.block = std::stoul(value());
-    else if (flag == "--k")
-      c.o.k = std::stoul(value());
-    else if (flag == "--ef")
-      c.o.error_feedback = boolean(flag, value());
+    else if (std::string const key = spec_key_of(flag); !key.empty())
+      spec_flags.emplace_back(key, value());
+    else if (flag == "--list-compressors") {
+      gradcomp::for_each_registered([]<class C>(std::type_identity<C>) { std::cout << C::name << "\n"; });
+      std::exit(0);
+    }
     else if (flag == "--warmup")
       c.o.warmup = std::stoull(value());
     else if (flag == "--overlap") {
@@ -174,7 +206,7 @@ cli parse(int argc, char** argv) {
     else if (flag == "--resume")
       c.o.resume = value();
     else if (flag == "--help") {
-      std::cout << flags;
+      std::cout << flags();
       std::exit(0);
     }
     else if (flag == "--backend")
@@ -215,7 +247,9 @@ cli parse(int argc, char** argv) {
       usage("unknown flag " + flag);
   }
   try {
-    (void)c.o.spec();
+    gradcomp::compressor_spec spec = c.o.spec();
+    for (auto const& [key, value] : spec_flags) spec.set(key, value);
+    c.o.compressor = spec.str();
   } catch (gradcomp::invalid_argument const& e) {
     usage(e.what());
   }

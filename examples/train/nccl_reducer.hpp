@@ -5,7 +5,7 @@
 
 #include "trainer.hpp"
 
-#include <gradcomp/collectives/nccl.hpp>
+#include <gradcomp/nccl.hpp>
 
 namespace train {
 

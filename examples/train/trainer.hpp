@@ -28,14 +28,7 @@ namespace train {
 
 /// What to train, how, and how gradients travel.
 struct options {
-  std::string compressor = "bf16";               ///< fp32, fp16, bf16, topk, topkc.
-  double ratio = 0.01;                           ///< topk: share of elements; topkc: share of chunks.
-  std::size_t chunk = 256;                       ///< topkc: chunk size.
-  std::size_t rank = 4;                          ///< powersgd: approximation rank.
-  int bits = 4;                                  ///< thc: bits per level (uniform quantizer).
-  std::size_t block = 1024;                      ///< thc: rotation block.
-  std::size_t k = 10000;                         ///< randk: coordinates sent per step.
-  std::optional<bool> error_feedback;            ///< Residual error feedback; unset: the compressor's default.
+  std::string compressor = "bf16";               ///< A compressor_spec: "topkc:fraction=0.1", ...
   std::uint64_t warmup = 0;                      ///< Steps that send the plain fp32 mean first.
   bool overlap = true;                           ///< Reduce a bucket while the backward pass goes on.
   std::string grad_dtype = "fp32";               ///< How gradients are stored: fp32 or bf16.
@@ -75,18 +68,8 @@ struct options {
     return r;
   }
 
-  /// The compressor these options name (throws invalid_argument for an unknown name).
-  gradcomp::compressor_spec spec() const {
-    gradcomp::compressor_spec s = gradcomp::compressor_spec::parse(compressor);
-    if (compressor == "topk" || compressor == "topkc") s.fraction = ratio;
-    if (compressor == "topkc") s.chunk = chunk;
-    if (compressor == "powersgd") s.rank = rank;
-    if (compressor == "thc" || compressor == "qsgd" || compressor == "randk") s.bits = bits;
-    if (compressor == "thc") s.block = block;
-    if (compressor == "randk") s.k = k;
-    s.error_feedback = error_feedback;
-    return s;
-  }
+  /// The compressor these options name (throws invalid_argument for a spec it cannot read).
+  gradcomp::compressor_spec spec() const { return gradcomp::compressor_spec::parse(compressor); }
 };
 
 /// One evaluation, as rank 0 saw it.

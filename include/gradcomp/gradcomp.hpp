@@ -4,7 +4,7 @@
 // compiler: the core types, the execution spaces (the CUDA space's
 // declarations where the CUDA runtime headers are found), the algorithms,
 // the in-process collectives, the pipeline and every compressor. Backends
-// with dependencies are separate: <gradcomp/collectives/nccl.hpp>
+// with dependencies are separate: <gradcomp/nccl.hpp>
 // (gradcomp::nccl) and <gradcomp/collectives/mpi.hpp> (gradcomp::mpi). CUDA
 // kernels need <gradcomp/cuda.cuh> in a .cu file.
 #pragma once
@@ -36,24 +36,16 @@
 #include <gradcomp/pipeline/compressor.hpp>
 #include <gradcomp/pipeline/error_feedback.hpp>
 #include <gradcomp/pipeline/nonfinite.hpp>
+#include <gradcomp/pipeline/registration.hpp>
 
-// Compressors: one line each
-#include <gradcomp/compressors/cast/cast.hpp>
-#include <gradcomp/compressors/global_randk/global_randk.hpp>
-#include <gradcomp/compressors/intsgd/intsgd.hpp>
-#include <gradcomp/compressors/powersgd/powersgd.hpp>
-#include <gradcomp/compressors/qsgd/qsgd.hpp>
-#include <gradcomp/compressors/qsgd_multiscale/qsgd_multiscale.hpp>
-#include <gradcomp/compressors/thc/thc.hpp>
-#include <gradcomp/compressors/topk/topk.hpp>
-#include <gradcomp/compressors/topk_chunked/topk_chunked.hpp>
+// Compressors: every one, through the registry that lists them
+#include <gradcomp/compressors/registry.hpp>
 
 // Reducers: a bucket's compressed all-reduce, with its compressor fixed or
 // chosen at run time
 #include <gradcomp/reducers/allreducer.hpp>
 #include <gradcomp/reducers/any_allreducer.hpp>
 #include <gradcomp/reducers/any_reduce_scatterer.hpp>
-#include <gradcomp/reducers/compressor_spec.hpp>
 #include <gradcomp/reducers/hierarchical.hpp>
 #include <gradcomp/reducers/hierarchical_reduce_scatterer.hpp>
 #include <gradcomp/reducers/model_reducer.hpp>

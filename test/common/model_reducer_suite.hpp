@@ -21,7 +21,7 @@ inline shapes_t mlp_shapes() { return {{10, 64}, {10}, {64, 128}, {64}, {128, 30
 
 inline model_reducer_options small_buckets() {
   model_reducer_options o;
-  o.compressor = compressor_spec::parse("topkc:fraction=0.25,chunk=16");
+  o.compressor = compressor_spec::parse("topkc:fraction=0.25,chunk_size=16");
   o.bucket_cap_bytes = 40000 * sizeof(float);
   o.first_bucket_cap_bytes = 600 * sizeof(float);
   o.min_compression_elements = 1000;

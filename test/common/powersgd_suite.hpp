@@ -128,7 +128,7 @@ TEST_CASE_TEMPLATE_DEFINE("PowerSGD recovers a matrix of rank <= r in one step",
     for (std::size_t r : {std::size_t{1}, std::size_t{2}, std::size_t{4}}) {
       auto const m = low_rank(shared_seed(comm), 96, 64, r);
       allreducer<powersgd<>, error_feedback::none, local_group::communicator, allreduce_aggregator, Space> reduce(
-          powersgd<>{.rank = r}, comm, bucket_layout{{96, 64}}, space);
+          powersgd<>{.matrix_rank = r}, comm, bucket_layout{{96, 64}}, space);
       INFO("rank " << r);
       auto g = upload(space, m);
       reduce(g.view());
@@ -156,7 +156,7 @@ TEST_CASE_TEMPLATE_DEFINE("PowerSGD with warm start converges to the best rank-r
     for (std::size_t i = 0; i < m.size(); ++i) m[i] = 3 * m[i] + 0.3f * noise[i];
     auto const best = best_rank(m, rows, cols, r);
     allreducer<powersgd<>, error_feedback::none, local_group::communicator, allreduce_aggregator, Space> reduce(
-        powersgd<>{.rank = r}, comm, bucket_layout{{rows, cols}}, space);
+        powersgd<>{.matrix_rank = r}, comm, bucket_layout{{rows, cols}}, space);
     double error = 1;
     for (int step = 0; step < 40; ++step) {
       auto g = upload(space, m);
@@ -184,7 +184,7 @@ TEST_CASE_TEMPLATE_DEFINE("PowerSGD on four ranks: identical outputs, projection
     std::size_t const d = layout.size(), rows = 64, cols = 80;
     auto const grads = random_gradients(seed, n, d);
     allreducer<powersgd<>, error_feedback::residual, collective_t, allreduce_aggregator, typename Setup::space> reduce(
-        powersgd<>{.rank = 3}, comm, layout, space);
+        powersgd<>{.matrix_rank = 3}, comm, layout, space);
     auto g = upload(space, grads[comm.rank()]);
     reduce(g.view());
     auto const out = download(space, g.data(), d);
@@ -231,7 +231,7 @@ TEST_CASE_TEMPLATE_DEFINE("PowerSGD's residual keeps what the approximation miss
     layout.add({50, 70}).add({70}).add({70, 50});
     std::size_t const d = layout.size();
     allreducer<powersgd<bfloat16>, error_feedback::residual, local_group::communicator, allreduce_aggregator, Space>
-        reduce(powersgd<bfloat16>{.rank = 2}, comm, layout, space);
+        reduce(powersgd<bfloat16>{.matrix_rank = 2}, comm, layout, space);
     std::vector<float> residual(d, 0.0f);
     double worst = 0;
     for (int step = 0; step < 10; ++step) {
@@ -263,21 +263,21 @@ TEST_CASE_TEMPLATE_DEFINE("PowerSGD clamps the rank, survives zero columns, warm
     Space const space{};
     auto const m = random_gradient(shared_seed(comm), 0, 5 * 200);
     allreducer<powersgd<>, error_feedback::none, local_group::communicator, allreduce_aggregator, Space> clamped(
-        powersgd<>{.rank = 8, .min_compression_rate = 0}, comm, bucket_layout{{5, 200}}, space);
+        powersgd<>{.matrix_rank = 8, .min_compression_rate = 0}, comm, bucket_layout{{5, 200}}, space);
     auto g = upload(space, m);
     clamped(g.view());
     CHECK(relative_error(download(space, g.data(), m.size()), widen(m)) < 1e-5);
     CHECK(clamped.wire_bytes() == (5 * 5 + 200 * 5) * 4 + 8);
 
     allreducer<powersgd<>, error_feedback::residual, local_group::communicator, allreduce_aggregator, Space> zeros(
-        powersgd<>{.rank = 2}, comm, bucket_layout{{30, 40}}, space);
+        powersgd<>{.matrix_rank = 2}, comm, bucket_layout{{30, 40}}, space);
     auto z = upload(space, std::vector<float>(1200, 0.0f));
     zeros(z.view());
     auto const out = download(space, z.data(), 1200);
     CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 0.0f; }));
 
     allreducer<powersgd<>, error_feedback::residual, local_group::communicator, allreduce_aggregator, Space> later(
-        powersgd<>{.rank = 1}, comm, bucket_layout{{30, 40}}, space, {.warmup_steps = 2});
+        powersgd<>{.matrix_rank = 1}, comm, bucket_layout{{30, 40}}, space, {.warmup_steps = 2});
     auto const w = random_gradient(9, 0, 1200);
     for (int step = 0; step < 3; ++step) {
       auto x = upload(space, w);

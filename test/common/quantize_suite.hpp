@@ -22,7 +22,7 @@ auto carved(Reducer const& reducer, int ranks) {
 /// Calls f(compressor) for one of each quantizer, small enough for tests.
 template <class F>
 void for_each_quantizer(F&& f) {
-  f(qsgd_maxnorm<>{.bits = 4});
+  f(qsgd<>{.bits = 4});
   f(qsgd_multiscale{});
   f(global_randk<>{.k = 600, .bits = 4});
   f(intsgd<>{});
@@ -53,8 +53,8 @@ TEST_CASE_TEMPLATE_DEFINE("QSGD-MaxNorm and IntSGD round without bias", Space, q
       CHECK(many < 0.35 * few);  // 1 / sqrt(16) = 0.25, with room for noise
       CHECK(many > 0.15 * few);  // and not exact: it really is random
     };
-    check(qsgd_maxnorm<>{.bits = 4});
-    check(qsgd_maxnorm<std::int32_t>{.bits = 8});
+    check(qsgd<>{.bits = 4});
+    check(qsgd<std::int32_t>{.bits = 8});
     check(qsgd_multiscale{});
     check(intsgd<>{});
   });
@@ -171,7 +171,7 @@ TEST_CASE_TEMPLATE_DEFINE("integer quantizers are deterministic and stay on trac
       double const late = *std::max_element(drift.end() - 10, drift.end());
       CHECK(late < 2.0 * early);  // it would grow like sqrt(steps) without error feedback
     };
-    check(qsgd_maxnorm<std::int32_t>{.bits = 10});
+    check(qsgd<std::int32_t>{.bits = 10});
     check(qsgd_multiscale{});
     check(global_randk<>{.k = 600, .bits = 4});
     check(intsgd<>{});
@@ -189,12 +189,12 @@ TEST_CASE_TEMPLATE_DEFINE("integer quantizers refuse bad configurations and inpu
     auto const space = Setup::make_space();
     int const n = comm.size();
     bucket_layout const layout(1000);
-    CHECK_THROWS_WITH_AS((qsgd_maxnorm<>{.bits = 5}.validate(layout, 8)),
+    CHECK_THROWS_WITH_AS((qsgd<>{.bits = 5}.validate(layout, 8)),
                          doctest::Contains("8 ranks x codes up to +-31 (5 bits) sum beyond the int8 lane (max 127)"),
                          invalid_argument);
-    CHECK_NOTHROW(qsgd_maxnorm<>{.bits = 4}.validate(layout, 8));  // 8 x 15 = 120 fits
-    CHECK_NOTHROW(qsgd_maxnorm<std::int32_t>{.bits = 5}.validate(layout, 8));
-    CHECK_THROWS_WITH_AS((qsgd_maxnorm<>{.bits = 8}.validate(layout, 1)), doctest::Contains("outside 1..7"),
+    CHECK_NOTHROW(qsgd<>{.bits = 4}.validate(layout, 8));  // 8 x 15 = 120 fits
+    CHECK_NOTHROW(qsgd<std::int32_t>{.bits = 5}.validate(layout, 8));
+    CHECK_THROWS_WITH_AS((qsgd<>{.bits = 8}.validate(layout, 1)), doctest::Contains("outside 1..7"),
                          invalid_argument);
     CHECK_THROWS_WITH_AS((intsgd<>{}.validate(layout, 200)),
                          doctest::Contains("200 ranks leave no room in the int8 lane (8 bits)"), invalid_argument);
@@ -205,9 +205,9 @@ TEST_CASE_TEMPLATE_DEFINE("integer quantizers refuse bad configurations and inpu
     CHECK_THROWS_WITH_AS((global_randk<>{.k = 1001}.validate(layout, 2)), doctest::Contains("k = 1001"),
                          invalid_argument);
     if (n > 1) {  // the check at construction names this world's rank count
-      using reducer = allreducer<qsgd_maxnorm<>, error_feedback::residual, collective_t, allreduce_aggregator, S>;
+      using reducer = allreducer<qsgd<>, error_feedback::residual, collective_t, allreduce_aggregator, S>;
       std::string const expected = std::to_string(n) + " ranks x codes up to +-127 (7 bits)";
-      CHECK_THROWS_WITH_AS(reducer(qsgd_maxnorm<>{.bits = 7}, comm, layout, space),
+      CHECK_THROWS_WITH_AS(reducer(qsgd<>{.bits = 7}, comm, layout, space),
                            doctest::Contains(expected.c_str()), invalid_argument);
     }
 

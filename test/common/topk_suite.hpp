@@ -102,9 +102,9 @@ TEST_CASE_TEMPLATE_DEFINE("TopK-Chunked picks the reference chunks and returns t
     for (std::size_t d : {std::size_t{64 * 50}, std::size_t{64 * 50 + 17}, std::size_t{5}}) {
       std::size_t const m = (d + 63) / 64;
       for (std::size_t kept : {std::size_t{0}, std::size_t{1}, m / 4, m}) {
-        topk_chunked<float, float> const compressor{.chunk_size = 64, .chunks = kept};
+        topkc<float, float> const compressor{.chunk_size = 64, .chunks = kept};
         auto const grads = chunky_gradients(seed + d, n, d, 64);
-        allreducer<topk_chunked<float, float>, error_feedback::residual, collective_t, allreduce_aggregator,
+        allreducer<topkc<float, float>, error_feedback::residual, collective_t, allreduce_aggregator,
                    typename Setup::space>
             reduce(compressor, comm, bucket_layout(d), space);
         auto g = upload(space, grads[comm.rank()]);
@@ -216,8 +216,8 @@ TEST_CASE_TEMPLATE_DEFINE("sparsifiers conserve every step's mass", Space, spars
       CHECK(violations == 0);
       CHECK(sent_total > 0);
     };
-    check(topk_chunked<>{.chunk_size = 32, .fraction = 0.05}, "topkc bf16");
-    check(topk_chunked<float, float>{.chunk_size = 64, .fraction = 0.1}, "topkc fp32");
+    check(topkc<>{.chunk_size = 32, .fraction = 0.05}, "topkc bf16");
+    check(topkc<float, float>{.chunk_size = 64, .fraction = 0.1}, "topkc fp32");
     check(topk<bfloat16>{.fraction = 0.02}, "topk bf16");
     check(topk<float>{.fraction = 0.02}, "topk fp32");
   });
@@ -231,8 +231,8 @@ TEST_CASE_TEMPLATE_DEFINE("sparsifiers reject bad parameters and non-finite grad
     using collective_t = std::remove_cvref_t<decltype(comm)>;
     using space_t = typename Setup::space;
     auto const space = Setup::make_space();
-    auto make_topkc = [&](topk_chunked<> c, std::size_t d) {
-      allreducer<topk_chunked<>, error_feedback::residual, collective_t, allreduce_aggregator, space_t> r(
+    auto make_topkc = [&](topkc<> c, std::size_t d) {
+      allreducer<topkc<>, error_feedback::residual, collective_t, allreduce_aggregator, space_t> r(
           c, comm, bucket_layout(d), space);
     };
     CHECK_THROWS_WITH_AS(make_topkc({.chunk_size = 48}, 1000), doctest::Contains("not a power of two"),
@@ -251,19 +251,19 @@ TEST_CASE_TEMPLATE_DEFINE("sparsifiers reject bad parameters and non-finite grad
                          invalid_argument);
 
     std::size_t const d = 2048;
-    allreducer<topk_chunked<>, error_feedback::residual, collective_t, allreduce_aggregator, space_t> topkc(
-        topk_chunked<>{.chunk_size = 64}, comm, bucket_layout(d), space);
+    allreducer<topkc<>, error_feedback::residual, collective_t, allreduce_aggregator, space_t> chunked(
+        topkc<>{.chunk_size = 64}, comm, bucket_layout(d), space);
     allreducer<topk<>, error_feedback::residual, collective_t, allgather_aggregator, space_t> classic(
         topk<>{}, comm, bucket_layout(d), space);
     auto g = random_gradient(7, comm.rank(), d);
     if (comm.rank() == comm.size() - 1) g[100] = std::numeric_limits<float>::infinity();
     auto a = upload(space, g);
     auto b = upload(space, g);
-    CHECK_THROWS_AS(settled_step(topkc, a.view()), nonfinite_error);
+    CHECK_THROWS_AS(settled_step(chunked, a.view()), nonfinite_error);
     CHECK_THROWS_AS(settled_step(classic, b.view()), nonfinite_error);
     auto const unchanged = download(space, a.data(), d);
     CHECK(std::memcmp(unchanged.data(), g.data(), d * sizeof(float)) == 0);
-    auto const residual = download(space, topkc.residual().data(), d);
+    auto const residual = download(space, chunked.residual().data(), d);
     CHECK(std::all_of(residual.begin(), residual.end(), [](float e) { return e == 0.0f; }));
   });
 }

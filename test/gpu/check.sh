@@ -90,10 +90,10 @@ profile() {
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
   [ -n "$ncu" ] || { echo "profile: no ncu here"; return 0; }
   mkdir -p "$out/profile"
-  for row in ${ROWS:-bf16 topkc@1% thc4-B1024 qsgd-ms6+10 intsgd8}; do
+  for row in ${ROWS:-bf16 topkc:fraction=0.01 thc:bits=4,block=1024 qsgd_multiscale intsgd}; do
     timeout "${PROFILE_SECONDS:-120}" "$ncu" --clock-control none --csv --page raw --print-units base --print-kernel-base demangled \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__registers_per_thread,launch__grid_size,launch__block_size \
-      "$bench_bin" --benchmark_filter="^cuda/${row//+/\\+}/67108864(/|\$)" --benchmark_min_time=0.001 \
+      "$bench_bin" --benchmark_filter="^cuda/${row//./\\.}/67108864(/|\$)" --benchmark_min_time=0.001 \
       >"$out/profile/${row//[^A-Za-z0-9.-]/_}.csv" 2>>"$out/profile.log" || echo "profile: ncu failed on $row (see $out/profile.log)"
   done
   python3 bench/ncu_table.py "$out"/profile/*.csv | tee "$out/profile.md" || true

@@ -9,7 +9,7 @@
 #include "../common/topk_suite.hpp"
 
 #if GRADCOMP_TEST_NCCL
-#include <gradcomp/collectives/nccl.hpp>
+#include <gradcomp/nccl.hpp>
 #endif
 
 #include <cstdio>
@@ -113,8 +113,8 @@ TEST_CASE("TopK-Chunked and TopK give bitwise the host's selection, output and r
     std::size_t const d = (1 << 18) + 77;
     auto run = [&](auto const& space) {
       using S = std::remove_cvref_t<decltype(space)>;
-      allreducer<topk_chunked<>, error_feedback::residual, local_group::communicator, allreduce_aggregator, S> a(
-          topk_chunked<>{.chunk_size = 128, .fraction = 0.02}, comm, bucket_layout(d), space);
+      allreducer<topkc<>, error_feedback::residual, local_group::communicator, allreduce_aggregator, S> a(
+          topkc<>{.chunk_size = 128, .fraction = 0.02}, comm, bucket_layout(d), space);
       allreducer<topk<bfloat16>, error_feedback::residual, local_group::communicator, allgather_aggregator, S> b(
           topk<bfloat16>{.fraction = 0.01}, comm, bucket_layout(d), space);
       std::vector<float> all;
@@ -200,7 +200,7 @@ TEST_CASE("a THC reduce-scatter decodes each rank's blocks bitwise as the host d
 TEST_CASE("a hierarchical step on bf16 buckets gives bitwise the host's result on the device") {
   using namespace gradcomp;
   using namespace gradcomp::testing;
-  using C = topk_chunked<>;
+  using C = topkc<>;
   C const c{.chunk_size = 64, .fraction = 0.1};
   local_group::run(4, [&](local_group::communicator& world) {
     std::size_t const d = 100003;
@@ -320,17 +320,15 @@ void check_captured_step(C const& c, gradcomp::bucket_layout const& layout,
 TEST_CASE("a step captures into a CUDA Graph and replays with the same result") {
   using namespace gradcomp;
   bucket_layout const flat(300001);
-  check_captured_step(bf16{}, flat);
-  check_captured_step(fp32{}, flat);
-  check_captured_step(topk_chunked<>{.chunk_size = 64}, flat);
-  check_captured_step(thc<>{}, flat);
-  check_captured_step(qsgd_maxnorm<>{}, flat);
-  check_captured_step(qsgd_multiscale{}, flat);
-  check_captured_step(global_randk<>{.k = 1000}, flat);
-  check_captured_step(intsgd<>{}, flat);
   bucket_layout matrices;
   matrices.add({300, 200}).add({200}).add({64, 300});
-  check_captured_step(powersgd<>{.rank = 4}, matrices);
+  for_each_registered([&]<class C>(std::type_identity<C>) {
+    C c{};  // the defaults, a little smaller where a step would be all one chunk or coordinate set
+    if constexpr (std::is_same_v<C, topkc<>>) c.chunk_size = 64;
+    if constexpr (std::is_same_v<C, global_randk<>>) c.k = 1000;
+    if constexpr (std::is_same_v<C, powersgd<>>) c.matrix_rank = 4;
+    check_captured_step(c, C::sharding == shard_kind::tensors ? matrices : flat);  // matrices for PowerSGD
+  });
   check_captured_step(thc<>{}, flat, {.warmup_steps = 3});  // a warm-up step captures too
 }
 
@@ -486,12 +484,12 @@ TEST_CASE("a checkpoint on the device continues a run bitwise") {
   };
   bucket_layout const flat(100003);
   check(bf16{}, flat);
-  check(topk_chunked<>{.chunk_size = 64}, flat);
+  check(topkc<>{.chunk_size = 64}, flat);
   check(thc<>{}, flat);
   check(intsgd<>{}, flat);
   bucket_layout matrices;
   matrices.add({300, 200}).add({200}).add({64, 300});
-  check(powersgd<>{.rank = 4}, matrices);
+  check(powersgd<>{.matrix_rank = 4}, matrices);
 }
 
 // The model reducer on the device: gradients written on a compute stream,
@@ -502,7 +500,7 @@ TEST_CASE("the model reducer on the device gives bitwise the host's result") {
   using namespace gradcomp::testing;
   std::vector<std::vector<std::size_t>> const shapes = {{300, 200}, {200}, {64, 300}, {64}, {100, 100}};
   model_reducer_options options;
-  options.compressor = compressor_spec::parse("topkc:fraction=0.1,chunk=64");
+  options.compressor = compressor_spec::parse("topkc:fraction=0.1,chunk_size=64");
   options.first_bucket_cap_bytes = options.bucket_cap_bytes = 30000 * sizeof(float);
   options.min_compression_elements = 1000;
   cudaStream_t compute = nullptr, comm = nullptr;
@@ -602,7 +600,7 @@ TEST_CASE("the NCCL backend runs the pipeline on one rank") {
   CHECK(testing::download(space, ints.data(), 3) == std::vector<std::int32_t>{1, -2, 3});
 
   std::vector<float> const g = testing::random_gradient(7, 0, 100000);
-  allreducer<bf16, error_feedback::residual> reduce(bf16{}, comm, bucket_layout(g.size()));  // NCCL, cuda_space
+  nccl_allreducer<bf16, error_feedback::residual> reduce(bf16{}, comm, bucket_layout(g.size()));  // cuda_space
   auto gradient = testing::upload(space, g);
   reduce(gradient.view());
   comm.wait(std::chrono::seconds(60));

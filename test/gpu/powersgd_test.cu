@@ -25,7 +25,7 @@ TEST_CASE("PowerSGD on the device matches the host path") {
     auto run = [&](auto const& space) {
       using S = std::remove_cvref_t<decltype(space)>;
       allreducer<powersgd<>, error_feedback::residual, local_group::communicator, allreduce_aggregator, S> reduce(
-          powersgd<>{.rank = 4}, comm, layout, space);
+          powersgd<>{.matrix_rank = 4}, comm, layout, space);
       std::vector<float> out;
       for (int step = 0; step < 3; ++step) {
         auto g = upload(space, random_gradient(seed + step, comm.rank(), layout.size()));

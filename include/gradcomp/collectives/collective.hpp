@@ -3,6 +3,7 @@
 // backend is any class with the members below.
 #pragma once
 
+#include <gradcomp/execution/host.hpp>
 #include <gradcomp/span.hpp>
 #include <gradcomp/types.hpp>
 
@@ -10,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <utility>
 
 namespace gradcomp::inline GRADCOMP_ABI {
 
@@ -69,6 +71,17 @@ template <class C>
 concept splittable = collective<C> && requires(C& c) {
   { c.split(0, 0) } -> std::same_as<C>;
 };
+
+/// The execution space that suits a collective's buffers: the host unless
+/// the collective's backend overloads default_space (NCCL: its CUDA stream).
+template <class Collective>
+host_space default_space(Collective const&) {
+  return {};
+}
+
+/// The type default_space returns for Collective.
+template <class Collective>
+using default_space_t = decltype(default_space(std::declval<Collective const&>()));
 
 namespace detail {
 /// The step's agreement: every rank's status word summed over the group. A

@@ -14,6 +14,7 @@
 #include <gradcomp/execution/workspace.hpp>
 #include <gradcomp/pipeline/aggregator.hpp>
 #include <gradcomp/pipeline/error_feedback.hpp>
+#include <gradcomp/pipeline/registration.hpp>
 #include <gradcomp/pipeline/step_context.hpp>
 
 #include <concepts>
@@ -56,6 +57,14 @@ struct archetype_collective {
 };
 }  // namespace detail
 
+/// How a compressor's bucket can be cut into shards, one per rank (the
+/// reduce-scatter path and the hierarchical path cut buckets this way).
+enum class shard_kind {
+  elements,  ///< Into runs of elements: the payload sums element by element and needs no shape.
+  tensors,   ///< Into runs of whole tensors: the payload sums, but a step needs the shapes (PowerSGD).
+  none,      ///< Not at all: the payload does not sum (classic TopK's pairs).
+};
+
 /// What a compressor needs in execution space Space beyond its workspace,
 /// built once by the allreducer from the space (PowerSGD on CUDA: a cuBLAS
 /// handle): `C::resources<Space>` if C declares it, else no_resources.
@@ -69,6 +78,9 @@ using archetype_context = step_context<host_space, detail::archetype_collective,
 
 /// A compressor: a copyable value holding its parameters, which
 /// - names itself (`name`) and says whether its payload is summable;
+/// - declares how its buckets shard (`sharding`), and for shard_kind::elements
+///   the multiple a shard must start on (shard_alignment(): its rotation
+///   block, its chunk);
 /// - validate(layout, ranks) throws invalid_argument for a configuration
 ///   that cannot work on that bucket (k larger than the bucket, say);
 /// - fingerprint() hashes its parameters, so ranks can check they agree;
@@ -94,6 +106,8 @@ concept compressor =
                                  workspace_carver<host_memory>& carver, archetype_context<C>& ctx, span<float> g) {
       { C::name } -> std::convertible_to<std::string_view>;
       { C::summable_payload } -> std::convertible_to<bool>;
+      { C::sharding } -> std::convertible_to<shard_kind>;
+      requires C::sharding != shard_kind::elements || requires { { c.shard_alignment() } -> std::same_as<std::size_t>; };
       c.validate(layout, ranks);
       { c.fingerprint() } -> std::same_as<std::uint64_t>;
       c.template carve<allreduce_aggregator>(carver, layout, ranks);

@@ -36,6 +36,8 @@ struct none {
     GRADCOMP_HOST_DEVICE discard<float> next(std::size_t /*offset*/ = 0) const { return {}; }
     /// Plain accessors for kernels that index elements themselves.
     struct bound {
+      /// No residual to read: acc is g itself.
+      static constexpr bool keeps_residual = false;
       /// acc for element i given its gradient g.
       GRADCOMP_HOST_DEVICE float accumulate(std::size_t, float g) const { return g; }
       /// Records element i's next residual: nothing.
@@ -92,6 +94,8 @@ struct residual {
 
     /// Plain accessors for kernels that index elements themselves.
     struct bound {
+      /// A residual to read: kernels may load `previous` as vectors.
+      static constexpr bool keeps_residual = true;
       float const* previous;  ///< e of the last committed step.
       float* next;            ///< e this step writes.
       /// acc = g + e for element i.

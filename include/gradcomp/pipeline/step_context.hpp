@@ -17,6 +17,12 @@
 
 namespace gradcomp::inline GRADCOMP_ABI {
 
+/// Which part of the mean a step delivers.
+enum class step_output {
+  whole_bucket,  ///< An all-reduce step: every rank needs every element.
+  own_block,     ///< A reduce-scatter step: rank r needs block r of ranks equal blocks of the bucket.
+};
+
 /// A run of a bucket's elements: [first, first + count).
 struct element_range {
   std::size_t first = 0;  ///< The first element.
@@ -49,10 +55,8 @@ class step_context {
     std::uint64_t step;                   ///< Steps committed before this one.
     std::uint64_t bucket_seed;            ///< Seeds random streams whose compressor set no seed.
     nonfinite_policy policy;              ///< What bad values do.
-    /// A reduce-scatter step (reduce_scatterer): each rank needs the mean of
-    /// only its block of this many elements, block rank(). 0: an all-reduce
-    /// step, every rank needs every element.
-    std::size_t scatter_block = 0;
+    /// Which part of the mean this step must deliver (see step_output).
+    step_output output = step_output::whole_bucket;
   };
 
   /// Assembled by the allreducer for each step.
@@ -93,8 +97,9 @@ class step_context {
   /// a reduce-scatter step this rank's block. A compressor may leave the
   /// gradient's other elements as anything (finite or not).
   element_range output_range() const {
-    if (p_.scatter_block == 0) return {0, p_.layout.size()};
-    return {p_.scatter_block * static_cast<std::size_t>(rank()), p_.scatter_block};
+    if (p_.output == step_output::whole_bucket) return {0, p_.layout.size()};
+    std::size_t const block = p_.layout.size() / static_cast<std::size_t>(ranks());
+    return {block * static_cast<std::size_t>(rank()), block};
   }
 
   /// data <- op over ranks of data.
@@ -126,7 +131,7 @@ class step_context {
   template <class T>
   void aggregate_elementwise(span<T, memory> payload, span<std::byte, memory> scratch) {
     if constexpr (std::is_same_v<Aggregator, allreduce_aggregator> && reduce_scattering<Collective>) {
-      if (p_.scatter_block != 0) {
+      if (p_.output == step_output::own_block) {
         element_range const out = output_range();
         GRADCOMP_EXPECTS(payload.size() == out.count * static_cast<std::size_t>(ranks()),
                          "aggregate_elementwise: a reduce-scatter step needs a payload of one element per element of "

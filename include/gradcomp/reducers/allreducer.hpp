@@ -15,10 +15,10 @@
 #include <gradcomp/pipeline/step_context.hpp>
 #include <gradcomp/pipeline/verdict.hpp>
 #include <gradcomp/reducers/agreement.hpp>
+#include <gradcomp/reducers/options.hpp>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <exception>
 #include <optional>
 #include <string>
@@ -27,63 +27,6 @@
 #include <vector>
 
 namespace gradcomp::inline GRADCOMP_ABI {
-
-#if GRADCOMP_HAS_CUDA
-class nccl_communicator;  // <gradcomp/collectives/nccl.hpp>
-/// The collective allreducer uses unless told otherwise: NCCL.
-using default_collective = nccl_communicator;
-#else
-/// Stands in for NCCL where CUDA is absent; naming a collective is required.
-struct no_default_collective;
-/// The collective allreducer uses unless told otherwise (none without CUDA).
-using default_collective = no_default_collective;
-#endif
-
-/// The execution space that suits a collective's buffers: the host unless
-/// the collective's backend overloads default_space (NCCL: its CUDA stream).
-template <class Collective>
-host_space default_space(Collective const&) {
-  return {};
-}
-
-/// The type default_space returns for Collective.
-template <class Collective>
-using default_space_t = decltype(default_space(std::declval<Collective const&>()));
-
-/// Options of an allreducer that are not the compressor's parameters.
-struct allreducer_options {
-  /// What a step does with NaN, infinity or out-of-lane values.
-  nonfinite_policy nonfinite = nonfinite_policy::raise;
-  /// This bucket's position in the model: buckets of the same shapes draw
-  /// different random numbers when their compressor sets no seed.
-  std::uint64_t bucket = 0;
-  /// Seeds this bucket's random streams when the compressor sets no seed;
-  /// unset: derived from the bucket's identity (its layout and `bucket`).
-  std::optional<std::uint64_t> seed{};
-  /// The first `warmup_steps` committed steps send the plain fp32 mean, with
-  /// no error feedback (PyTorch's start_powerSGD_iter, for every
-  /// compressor); the compressor starts at the next one with a zero
-  /// residual and fresh state, counting its own steps from 0.
-  std::uint64_t warmup_steps = 0;
-};
-
-/// One bucket's state, read from a checkpoint and checked, not yet applied
-/// (allreducer::parse_checkpoint; restore applies it).
-struct bucket_checkpoint {
-  std::uint64_t steps = 0;           ///< Committed steps, warm-up included.
-  std::vector<float> residual;       ///< The error-feedback residual (empty without).
-  std::vector<std::byte> state;      ///< The compressor's state kept across steps.
-};
-
-template <class Compressor, class ErrorFeedback, class Collective, class Space, class Gradient>
-class reduce_scatterer;  // <gradcomp/reducers/reduce_scatterer.hpp>
-
-namespace detail {
-template <class T, class = void>
-inline constexpr bool is_complete = false;
-template <class T>
-inline constexpr bool is_complete<T, std::void_t<decltype(sizeof(T))>> = true;
-}  // namespace detail
 
 /// Reduces one bucket of gradients across ranks through a compressor:
 /// afterwards every rank holds the mean over ranks of what their payloads
@@ -98,19 +41,15 @@ inline constexpr bool is_complete<T, std::void_t<decltype(sizeof(T))>> = true;
 /// overflows, no memory) or the ranks' buckets or configurations differ,
 /// every rank throws invalid_argument naming the first rank at fault.
 ///
-/// \tparam Compressor    fp32, bf16, topk_chunked<>, ... (gradcomp::compressor).
+/// \tparam Compressor    fp32, bf16, topkc<>, ... (gradcomp::compressor).
 /// \tparam ErrorFeedback error_feedback::none or error_feedback::residual.
-/// \tparam Collective    nccl_communicator (default), mpi_communicator,
-///                       local_group::communicator, or a user's backend.
-/// \tparam Aggregator    all-reduce for summable payloads (default), or
-///                       all-gather.
+/// \tparam Collective    nccl_communicator (nccl_allreducer in <gradcomp/nccl.hpp>),
+///                       mpi_communicator, local_group::communicator, yours.
+/// \tparam Aggregator    all-reduce for summable payloads (default), all-gather.
 /// \tparam Space         host_space, or cuda_space (the default for NCCL).
-template <class Compressor, class ErrorFeedback, class Collective = default_collective,
+template <class Compressor, class ErrorFeedback, class Collective,
           class Aggregator = default_aggregator_t<Compressor>, class Space = default_space_t<Collective>>
 class allreducer {
-  static_assert(detail::is_complete<Collective>,
-                "allreducer's default collective is NCCL: include <gradcomp/collectives/nccl.hpp> and link "
-                "gradcomp::nccl, or name a collective, e.g. allreducer<C, EF, local_group::communicator>");
   static_assert(compressor<Compressor>, "the first template argument must satisfy gradcomp::compressor");
   static_assert(error_feedback::policy<ErrorFeedback>,
                 "the second template argument must be an error-feedback policy (error_feedback::none or "
@@ -133,7 +72,57 @@ class allreducer {
   /// @note Waits for the space: construction exchanges the configuration.
   allreducer(Compressor compressor, Collective& collective, bucket_layout layout, Space space,
              allreducer_options options = {})
-      : allreducer(std::move(compressor), collective, std::move(layout), space, options, 0) {}
+      : allreducer(std::move(compressor), collective, std::move(layout), space, options, step_output::whole_bucket) {}
+
+  /// The same, each step delivering `output` of the mean: own_block for
+  /// the steps of a reduce-scatter (reduce_scatterer), whose bucket is then a
+  /// whole number of equal blocks, one per rank.
+  allreducer(Compressor compressor, Collective& collective, bucket_layout layout, Space space,
+             allreducer_options options, step_output output)
+      : compressor_(std::move(compressor)),
+        collective_(&collective),
+        layout_(std::move(layout)),
+        space_(space),
+        options_(options),
+        output_(output),
+        bucket_seed_(options.seed.value_or(detail::mix64(layout_.fingerprint() ^ detail::mix64(options.bucket + 1)))),
+        status_(detail::status_words, space_),
+        channel_(space_) {
+    GRADCOMP_EXPECTS(collective.accepts(memory_kind_of<memory>),
+                     std::string("allreducer: this collective does not accept ") + memory::name +
+                         " memory (an MPI communicator must be declared CUDA-aware for device buffers)");
+    if constexpr (requires {
+                    collective.stream();
+                    space.stream;
+                  })
+      GRADCOMP_EXPECTS(collective.stream() == space.stream,
+                       "allreducer: the execution space's CUDA stream differs from the collective's; kernels and "
+                       "collectives must be ordered on one stream");
+    std::string failure;
+    try {
+      int const n = collective.size();
+      compressor_.validate(layout_, n);
+      workspace_carver<memory> measure;
+      compressor_.template carve<Aggregator>(measure, layout_, n);
+      std::size_t bytes = measure.bytes();
+      state_bytes_ = detail::state_bytes_of(compressor_, layout_, n);
+      GRADCOMP_EXPECTS(state_bytes_ <= bytes, "allreducer: the compressor's state_bytes exceed its workspace");
+      if (options_.warmup_steps > 0) {  // the fp32 mean's pieces, after the compressor's state
+        workspace_carver<memory> warm;
+        warmup_.template carve<allreduce_aggregator>(warm, layout_, n);
+        warmup_offset_ = detail::checked_round_up(state_bytes_, workspace_carver<memory>::alignment, "workspace");
+        bytes = std::max(bytes, detail::checked_add(warmup_offset_, warm.bytes(), "workspace"));
+      }
+      ef_.emplace(space_, layout_.size());
+      workspace_ = buffer<std::byte, Space>(bytes, space_);
+      space_.fill_zero(workspace_.data(), bytes);
+      resources_.emplace(space_);
+    } catch (std::exception const& e) {
+      failure = *e.what() != '\0' ? e.what() : "an exception without a message";
+    }
+    agree_on_configuration(failure);
+    space_.fill_zero(status_.data(), status_.size() * sizeof(std::uint64_t));
+  }
 
   /// Reduces `gradient` (layout().size() values) in place: on return (on
   /// the CUDA space, once the stream reaches this point) it holds the
@@ -158,6 +147,16 @@ class allreducer {
   void operator()(span<bfloat16, memory> gradient) { reduce(gradient); }
   /// The same for a bucket stored as IEEE half.
   void operator()(span<half, memory> gradient) { reduce(gradient); }
+
+  /// Refuses this step: takes part in its agreement with a veto, so that
+  /// every rank fails the step rather than wait for this one, then throws
+  /// invalid_argument(why). For a reducer built on this one whose own input
+  /// is unusable (a gradient of the wrong size); nothing is reduced.
+  [[noreturn]] void refuse_step(std::string const& why) {
+    [[maybe_unused]] auto const guard = channel_.bind_device();
+    settle();
+    refuse(why);
+  }
 
   /// Waits for every step enqueued so far, then throws nonfinite_error (or
   /// collective_error) if one of them failed, as the next call would.
@@ -214,16 +213,9 @@ class allreducer {
   /// @note Waits for the space (as synchronize(), whose errors it throws).
   std::vector<std::byte> save() {
     synchronize();
-    detail::checkpoint_writer w(identity());
-    w.word(step_);
-    if constexpr (ErrorFeedback::enabled) {
-      auto const r = ef_->current();
-      w.block_from(space_, r.data(), r.size_bytes());
-    } else {
-      w.block_from(space_, nullptr, 0);
-    }
-    w.block_from(space_, workspace_.data(), state_bytes_);
-    return std::move(w).finish();
+    span<float const, memory> residual{};
+    if constexpr (ErrorFeedback::enabled) residual = ef_->current();
+    return detail::write_bucket_checkpoint(identity(), space_, step_, residual, {workspace_.data(), state_bytes_});
   }
 
   /// Reads and checks a checkpoint of this rank and configuration without
@@ -231,20 +223,8 @@ class allreducer {
   /// corrupted, another format version, rank, world size or configuration,
   /// non-finite values in the residual or the compressor's state).
   bucket_checkpoint parse_checkpoint(span<std::byte const> bytes) const {
-    detail::checkpoint_reader r(detail::open(bytes, identity()));
-    bucket_checkpoint c;
-    c.steps = r.word("the step count");
-    auto const residual = r.block(ErrorFeedback::enabled ? layout_.size() * sizeof(float) : 0, "the residual");
-    c.residual.resize(residual.size() / sizeof(float));
-    if (!residual.empty()) std::memcpy(c.residual.data(), residual.data(), residual.size());
-    for (float x : c.residual)
-      if (!detail::is_finite(x)) throw checkpoint_error("checkpoint: the residual holds NaN or infinite values");
-    auto const state = r.block(state_bytes_, "the compressor's state");
-    if (char const* why = detail::state_problem_of(compressor_, state))
-      throw checkpoint_error(std::string("checkpoint: ") + why);
-    c.state.assign(state.data(), state.data() + state.size());
-    r.finish();
-    return c;
+    return detail::parse_bucket_checkpoint(bytes, identity(), ErrorFeedback::enabled ? layout_.size() : 0,
+                                           state_bytes_, compressor_);
   }
 
   /// Applies a checkpoint parse_checkpoint accepted, on this rank alone
@@ -278,7 +258,7 @@ class allreducer {
     } catch (checkpoint_error const& e) {
       failure = e.what();
     }
-    agree_on_restore(failure, c.steps);
+    expect_restorable(agreement(*collective_, space_, c.steps, 0, failure), failure);  // one step, on every rank
     restore(c);
   }
   /// @}
@@ -289,65 +269,15 @@ class allreducer {
 
   using warmup_context = step_context<Space, Collective, allreduce_aggregator, error_feedback::none::ref, no_resources>;
 
-  template <class, class, class, class, class>
-  friend class reduce_scatterer;
-
-  // The steps of a reduce_scatterer when scatter_block > 0: each rank needs
-  // only its block of that many elements of the mean (step_context).
-  allreducer(Compressor compressor, Collective& collective, bucket_layout layout, Space space,
-             allreducer_options options, std::size_t scatter_block)
-      : compressor_(std::move(compressor)),
-        collective_(&collective),
-        layout_(std::move(layout)),
-        space_(space),
-        options_(options),
-        scatter_block_(scatter_block),
-        bucket_seed_(options.seed.value_or(detail::mix64(layout_.fingerprint() ^ detail::mix64(options.bucket + 1)))),
-        status_(detail::status_words, space_),
-        channel_(space_) {
-    GRADCOMP_EXPECTS(collective.accepts(memory_kind_of<memory>),
-                     std::string("allreducer: this collective does not accept ") + memory::name +
-                         " memory (an MPI communicator must be declared CUDA-aware for device buffers)");
-    if constexpr (requires {
-                    collective.stream();
-                    space.stream;
-                  })
-      GRADCOMP_EXPECTS(collective.stream() == space.stream,
-                       "allreducer: the execution space's CUDA stream differs from the collective's; kernels and "
-                       "collectives must be ordered on one stream");
-    std::string failure;
-    try {
-      int const n = collective.size();
-      compressor_.validate(layout_, n);
-      workspace_carver<memory> measure;
-      compressor_.template carve<Aggregator>(measure, layout_, n);
-      std::size_t bytes = measure.bytes();
-      state_bytes_ = detail::state_bytes_of(compressor_, layout_, n);
-      GRADCOMP_EXPECTS(state_bytes_ <= bytes, "allreducer: the compressor's state_bytes exceed its workspace");
-      if (options_.warmup_steps > 0) {  // the fp32 mean's pieces, after the compressor's state
-        workspace_carver<memory> warm;
-        warmup_.template carve<allreduce_aggregator>(warm, layout_, n);
-        warmup_offset_ = detail::checked_round_up(state_bytes_, workspace_carver<memory>::alignment, "workspace");
-        bytes = std::max(bytes, detail::checked_add(warmup_offset_, warm.bytes(), "workspace"));
-      }
-      ef_.emplace(space_, layout_.size());
-      workspace_ = buffer<std::byte, Space>(bytes, space_);
-      space_.fill_zero(workspace_.data(), bytes);
-      resources_.emplace(space_);
-    } catch (std::exception const& e) {
-      failure = *e.what() != '\0' ? e.what() : "an exception without a message";
-    }
-    agree_on_configuration(failure);
-    space_.fill_zero(status_.data(), status_.size() * sizeof(std::uint64_t));
-  }
-
   template <gradient_element G>
   void reduce(span<G, memory> gradient) {
     static_assert(requires(Compressor const& c, context& ctx) { c.step(ctx, gradient); },
                   "this compressor's step does not take gradients stored as this type");
     [[maybe_unused]] auto const guard = channel_.bind_device();
     settle();
-    if (gradient.size() != layout_.size()) refuse(gradient.size());
+    if (gradient.size() != layout_.size())
+      refuse("allreducer: the gradient has " + std::to_string(gradient.size()) +
+             " elements but the bucket was set up for " + std::to_string(layout_.size()) + " (every rank skips this step)");
     if (gradient.empty())
       ++step_;  // nothing to agree on: an empty bucket always commits
     else
@@ -362,13 +292,13 @@ class allreducer {
     if (warm) {  // the fp32 mean; the compressor's state and the residual stay zero
       warmup_context ctx({space_, *collective_, {}, layout_,
                           workspace_.view().subspan(warmup_offset_, workspace_.size() - warmup_offset_),
-                          status_.data(), no_resources_, step_, bucket_seed_, options_.nonfinite, scatter_block_});
+                          status_.data(), no_resources_, step_, bucket_seed_, options_.nonfinite, output_});
       warmup_.step(ctx, gradient);
       wire_bytes_ = ctx.wire_bytes();
       what_ = ctx.what();
     } else {  // the compressor counts its own steps
       context ctx({space_, *collective_, ef_->view(), layout_, workspace_.view(), status_.data(), *resources_,
-                   step_ - options_.warmup_steps, bucket_seed_, options_.nonfinite, scatter_block_});
+                   step_ - options_.warmup_steps, bucket_seed_, options_.nonfinite, output_});
       compressor_.step(ctx, gradient);
       wire_bytes_ = ctx.wire_bytes();
       what_ = ctx.what();
@@ -384,15 +314,13 @@ class allreducer {
   // A call this rank cannot make: it still takes part in the step's first
   // collective, the agreement, so that every other rank fails the step
   // rather than wait for it; then it throws.
-  void refuse(std::size_t size) {
+  [[noreturn]] void refuse(std::string const& why) {
     if (layout_.size() != 0) {  // (an empty bucket's step has no collective to take part in)
       std::uint64_t const words[2] = {detail::refusal, 0};
       space_.from_host(status_.data(), words, sizeof words);
       detail::agree_sum(*collective_, status_.data(), status_.data() + detail::veto);
     }
-    throw invalid_argument("allreducer: the gradient has " + std::to_string(size) +
-                           " elements but the bucket was set up for " + std::to_string(layout_.size()) +
-                           " (every rank skips this step)");
+    throw invalid_argument(why);
   }
 
   // The verdict of the previous step, where it is still on its way.
@@ -418,18 +346,9 @@ class allreducer {
   void agree_on_configuration(std::string const& failure) {
     agreement const all(*collective_, space_, layout_.size(), fingerprint(), failure);
     expect_none_failed(all, failure, "allreducer", "this configuration");
-    if (int const r = all.first_other_a(); r >= 0)
-      throw invalid_argument("allreducer: ranks disagree on the bucket size: rank 0 has " + std::to_string(all.of(0).a) +
-                             " elements, rank " + std::to_string(r) + " has " + std::to_string(all.of(r).a));
-    if (int const r = all.first_other_b(); r >= 0)
-      throw invalid_argument("allreducer: rank " + std::to_string(r) +
-                             "'s configuration differs from rank 0's (compressor parameters, tensor shapes, error "
-                             "feedback, aggregator, non-finite policy or seed)");
-  }
-
-  // A restore: every rank's checkpoint must be usable and at the same step.
-  void agree_on_restore(std::string const& failure, std::uint64_t steps) {
-    expect_restorable(agreement(*collective_, space_, steps, 0, failure), failure);
+    expect_same_bucket(all, "allreducer",
+                       "configuration differs from rank 0's (compressor parameters, tensor shapes, error feedback, "
+                       "aggregator, non-finite policy or seed)");
   }
 
  public:
@@ -442,7 +361,8 @@ class allreducer {
     h = detail::hash(Aggregator::name, h);
     h = detail::hash_combine(h, static_cast<std::uint64_t>(options_.nonfinite));
     h = detail::hash_combine(h, options_.warmup_steps);
-    if (scatter_block_ != 0) h = detail::hash("reduce-scatter", detail::hash_combine(h, scatter_block_));
+    if (output_ == step_output::own_block)  // (each rank's block, as its checkpoints have always hashed it)
+      h = detail::hash("reduce-scatter", detail::hash_combine(h, layout_.size() / collective_->size()));
     return detail::hash_combine(h, bucket_seed_);
   }
 
@@ -457,7 +377,7 @@ class allreducer {
   bucket_layout layout_;
   Space space_;
   allreducer_options options_;
-  std::size_t scatter_block_ = 0;  // reduce_scatterer's steps: each rank's block
+  step_output output_ = step_output::whole_bucket;
   std::uint64_t bucket_seed_;
   buffer<std::uint64_t, Space> status_;
   detail::verdict_channel<Space> channel_;

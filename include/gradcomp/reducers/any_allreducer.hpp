@@ -5,7 +5,7 @@
 
 #include <gradcomp/reducers/agreement.hpp>
 #include <gradcomp/reducers/allreducer.hpp>
-#include <gradcomp/reducers/compressor_spec.hpp>
+#include <gradcomp/compressors/registry.hpp>
 #include <gradcomp/reducers/hierarchical.hpp>
 
 #include <memory>

@@ -5,7 +5,7 @@
 #pragma once
 
 #include <gradcomp/reducers/agreement.hpp>
-#include <gradcomp/reducers/compressor_spec.hpp>
+#include <gradcomp/compressors/registry.hpp>
 #include <gradcomp/reducers/hierarchical_reduce_scatterer.hpp>
 #include <gradcomp/reducers/reduce_scatterer.hpp>
 

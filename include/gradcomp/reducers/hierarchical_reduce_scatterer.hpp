@@ -102,15 +102,12 @@ class hierarchical_reduce_scatterer {
     // every rank instead of leaving peers waiting.
     float* part = (*node_)(groups_->local, gradient, ok);
     float* mine = part + inner_->shard_offset();  // the rail's shard, reduced in place
-    try {
-      (*inner_)(span<float, memory>(part, ok ? slot : slot - 1), span<float, memory>(mine, inner_->shard_size()));
-    } catch (invalid_argument const&) {
-      if (ok) throw;
-      throw invalid_argument(
-          "hierarchical_reduce_scatterer: this rank passed a gradient of " + std::to_string(gradient.size()) +
-          " elements and a shard of " + std::to_string(shard.size()) + "; the bucket has " + std::to_string(d) +
-          " and this rank's shard " + std::to_string(shard_size()) + " (every rank skips this step)");
-    }
+    if (!ok)  // (the rail's agreement then fails every rank of the world)
+      inner_->refuse_step("hierarchical_reduce_scatterer: this rank passed a gradient of " +
+                          std::to_string(gradient.size()) + " elements and a shard of " + std::to_string(shard.size()) +
+                          "; the bucket has " + std::to_string(d) + " and this rank's shard " +
+                          std::to_string(shard_size()) + " (every rank skips this step)");
+    (*inner_)(span<float, memory>(part, slot), span<float, memory>(mine, inner_->shard_size()));
     transform(space_, shard.size(), inputs(mine), outputs(detail::gradient_stream(shard.data())), detail::same_value{});
   }
 

@@ -5,11 +5,12 @@
 
 #include <gradcomp/reducers/agreement.hpp>
 #include <gradcomp/reducers/any_allreducer.hpp>
+#include <gradcomp/reducers/bucket_plan.hpp>
+#include <gradcomp/reducers/model_reducer_options.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -19,46 +20,6 @@
 #include <vector>
 
 namespace gradcomp::inline GRADCOMP_ABI {
-
-/// How a model_reducer packs and reduces a model's gradients.
-struct model_reducer_options {
-  /// The compressor of large buckets of matrices.
-  compressor_spec compressor{};
-  /// The compressor of small buckets and of 1-D tensors (bf16, no error
-  /// feedback: PyTorch's min_compression_rate, CGX's layer_min_size).
-  compressor_spec small{};
-  /// Buckets of fewer elements take `small`.
-  std::size_t min_compression_elements = std::size_t{1} << 16;
-  /// 1-D tensors (biases, norms) go in buckets of their own, which take `small`.
-  bool vectors_uncompressed = true;
-  /// A bucket closes once it holds this many bytes of gradients, as stored
-  /// (DDP's bucket_cap_mb: 25 MiB) ...
-  std::size_t bucket_cap_bytes = std::size_t{25} << 20;
-  /// ... and the first bucket of each kind at this many (1 MiB), so the first
-  /// reduction starts early in the backward pass.
-  std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
-  /// Non-finite policy, seed and warm-up of every bucket (each bucket's
-  /// position is its `bucket`).
-  allreducer_options reduce{};
-  /// Host collectives: reduce on a progress thread while the caller goes on
-  /// (the collective must then allow calls from another thread than the
-  /// caller's: MPI_THREAD_SERIALIZED; local_group does). False: each bucket is
-  /// reduced inside the mark_ready call that completes it. (On CUDA the
-  /// reductions are enqueued on the collective's stream either way.)
-  bool overlap = true;
-  /// Hierarchical reducers (built from node_groups): reduce-scatter inside the
-  /// node in bf16 rather than fp32.
-  bool bf16_within_node = false;
-};
-
-/// One bucket's reduction in the last step, in seconds from the step's first
-/// mark_ready (host clock; on CUDA, when it was enqueued).
-struct bucket_event {
-  std::size_t bucket;
-  double launched;  ///< Its last gradient was marked ready, and every earlier bucket launched.
-  double started;   ///< Its reduction began.
-  double finished;  ///< Its reduction returned.
-};
 
 /// A model's gradients, in buckets, each reduced by its own any_allreducer.
 ///
@@ -73,7 +34,8 @@ struct bucket_event {
 ///
 /// A step: write each parameter's gradient into gradient(p), call
 /// mark_ready(p) (from a backward hook), then finish() before the optimizer
-/// reads the gradients. Construction is collective.
+/// reads the gradients. Construction is collective; a step allocates
+/// nothing (everything it keeps is sized at construction).
 template <class Collective, class Space = default_space_t<Collective>, gradient_element Gradient = float>
 class model_reducer {
  public:
@@ -130,7 +92,7 @@ class model_reducer {
   /// Parameter p's gradient, to be written by the backward pass.
   span<Gradient, memory> gradient(std::size_t p) {
     check_parameter(p);
-    return storage_.view().subspan(params_[p].offset, params_[p].size);
+    return storage_.view().subspan(plan_.params[p].offset, plan_.params[p].size);
   }
 
   /// Parameter p's gradient is written: once every gradient of its bucket
@@ -141,12 +103,12 @@ class model_reducer {
     if (steps_started_ == 0) step_start_ = clock::now();
     steps_started_ = 1;
     marked_[p] = 1;
-    std::size_t const b = params_[p].bucket;
+    std::size_t const b = plan_.params[p].bucket;
     if (--waiting_[b] != 0) return;
 #if GRADCOMP_HAS_CUDA
     if constexpr (on_device) GRADCOMP_CUDA_TRY(cudaEventRecord(ready_events_[b].get(), compute_.stream));
 #endif
-    while (next_launch_ < buckets_.size() && waiting_[next_launch_] == 0) launch(next_launch_++);
+    while (next_launch_ < plan_.buckets.size() && waiting_[next_launch_] == 0) launch(next_launch_++);
   }
 
   /// Waits for every bucket's reduction, then rethrows the first error one
@@ -163,10 +125,10 @@ class model_reducer {
       // host is longer than what overlap saves.
       std::unique_lock lock(mutex_);
       while (completed_ != next_launch_) {
-        if (!running_ && !queue_.empty()) {
-          auto const job = take();
+        if (!running_ && taken_ != queued_) {
+          std::size_t const b = take();
           lock.unlock();
-          run(job.first, job.second);
+          run(b);
           lock.lock();
           running_ = false;
           wake_.notify_all();
@@ -185,7 +147,7 @@ class model_reducer {
 #endif
     std::exception_ptr error = std::exchange(error_, nullptr);
     std::string missing;
-    for (std::size_t p = 0; p < params_.size(); ++p)
+    for (std::size_t p = 0; p < plan_.params.size(); ++p)
       if (!marked_[p]) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
     reset_step();
     if (error) std::rethrow_exception(error);
@@ -194,12 +156,14 @@ class model_reducer {
   }
 
   /// Buckets, in the order they are reduced.
-  std::size_t buckets() const { return buckets_.size(); }
+  std::size_t buckets() const { return plan_.buckets.size(); }
   /// Bucket b's reduction (its compressor, layout, steps, wire bytes).
   any_allreducer<Collective, Space, Gradient> const& bucket(std::size_t b) const { return *reducers_[b]; }
   /// The parameters bucket b holds, in its layout's order.
-  std::vector<std::size_t> const& parameters_of(std::size_t b) const { return buckets_[b].params; }
-  /// The last step's reductions, bucket by bucket.
+  std::vector<std::size_t> const& parameters_of(std::size_t b) const { return plan_.buckets[b].params; }
+  /// How the parameters were packed.
+  bucket_plan const& plan() const { return plan_; }
+  /// The last step's reductions, bucket by bucket (a copy).
   std::vector<bucket_event> timeline() const {
     std::lock_guard lock(mutex_);
     return last_timeline_;
@@ -269,32 +233,30 @@ class model_reducer {
   using clock = std::chrono::steady_clock;
   static constexpr bool on_device = !std::is_same_v<memory, host_memory>;
 
-  struct parameter {
-    std::size_t bucket, offset, size;
-  };
-  struct bucket_plan {
-    std::vector<std::size_t> params;
-    std::size_t offset = 0, size = 0, last = 0;
-    bool compressed = false;
-  };
-
   using bucket_reducer = any_allreducer<Collective, Space, Gradient>;
 
   bool overlapping() const { return !on_device && options_.overlap; }
 
   template <class Make>
   void build(std::vector<shape> const& shapes, Make make) {
-    plan(shapes);
-    storage_ = buffer<Gradient, Space>(total_, space_);
-    space_.fill_zero(storage_.data(), total_ * sizeof(Gradient));
-    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    plan_ = plan_buckets(shapes, sizeof(Gradient), options_);
+    std::size_t const buckets = plan_.buckets.size();
+    storage_ = buffer<Gradient, Space>(plan_.total, space_);
+    space_.fill_zero(storage_.data(), plan_.total * sizeof(Gradient));
+    for (std::size_t b = 0; b < buckets; ++b) {
       bucket_layout layout;
-      for (std::size_t p : buckets_[b].params) layout.add(shapes[p]);
+      for (std::size_t p : plan_.buckets[b].params) layout.add(shapes[p]);
       allreducer_options o = options_.reduce;
       o.bucket = b;
-      reducers_.push_back(make(buckets_[b].compressed ? options_.compressor : options_.small, std::move(layout), o));
+      reducers_.push_back(make(plan_.buckets[b].compressed ? options_.compressor : options_.small, std::move(layout), o));
     }
-    ready_events_.resize(buckets_.size());
+    // What a step keeps, sized once: steps allocate nothing.
+    marked_.resize(plan_.params.size());
+    waiting_.resize(buckets);
+    launched_at_.resize(buckets);
+    timeline_.reserve(buckets);
+    last_timeline_.reserve(buckets);
+    ready_events_.resize(buckets);
     reset_step();
     if (overlapping()) worker_ = std::thread([this] { progress(); });
   }
@@ -305,73 +267,31 @@ class model_reducer {
   }
 
   void check_parameter(std::size_t p) const {
-    GRADCOMP_EXPECTS(p < params_.size(), "model_reducer: parameter " + std::to_string(p) + " of " +
-                                             std::to_string(params_.size()));
-  }
-
-  // Buckets in backward order by byte cap, 1-D tensors apart; then ordered by
-  // when their last gradient is ready, and laid out in that order.
-  void plan(std::vector<shape> const& shapes) {
-    params_.resize(shapes.size());
-    std::vector<bucket_plan> open(2), closed;
-    std::size_t made[2] = {0, 0};
-    auto close = [&](int kind) {
-      if (open[kind].params.empty()) return;
-      closed.push_back(std::move(open[kind]));
-      open[kind] = {};
-      ++made[kind];
-    };
-    for (std::size_t p = 0; p < shapes.size(); ++p) {
-      std::size_t n = 1;
-      for (std::size_t extent : shapes[p]) n = detail::checked_mul(n, extent, "model_reducer: a tensor's size");
-      int const kind = options_.vectors_uncompressed && shapes[p].size() <= 1 ? 1 : 0;
-      open[kind].params.push_back(p);
-      open[kind].size = detail::checked_add(open[kind].size, n, "model_reducer: a bucket's size");
-      open[kind].last = p;
-      params_[p].size = n;
-      std::size_t const cap = made[kind] == 0 ? options_.first_bucket_cap_bytes : options_.bucket_cap_bytes;
-      if (open[kind].size * sizeof(Gradient) >= cap) close(kind);
-    }
-    close(0);
-    close(1);
-    std::stable_sort(closed.begin(), closed.end(), [](auto const& a, auto const& b) { return a.last < b.last; });
-    total_ = 0;
-    for (std::size_t b = 0; b < closed.size(); ++b) {
-      auto& bucket = closed[b];
-      bucket.offset = total_;
-      bool const vectors = options_.vectors_uncompressed && shapes[bucket.params.front()].size() <= 1;
-      bucket.compressed = !vectors && bucket.size >= options_.min_compression_elements;
-      std::size_t offset = total_;
-      for (std::size_t p : bucket.params) {
-        params_[p].bucket = b;
-        params_[p].offset = offset;
-        offset += params_[p].size;
-      }
-      total_ = detail::checked_add(total_, bucket.size, "model_reducer: the model's size");
-    }
-    buckets_ = std::move(closed);
+    GRADCOMP_EXPECTS(p < plan_.params.size(), "model_reducer: parameter " + std::to_string(p) + " of " +
+                                                  std::to_string(plan_.params.size()));
   }
 
   void reset_step() {
-    marked_.assign(params_.size(), 0);
-    waiting_.resize(buckets_.size());
-    for (std::size_t b = 0; b < buckets_.size(); ++b) waiting_[b] = buckets_[b].params.size();
+    std::fill(marked_.begin(), marked_.end(), char{0});
+    for (std::size_t b = 0; b < waiting_.size(); ++b) waiting_[b] = plan_.buckets[b].params.size();
     std::lock_guard lock(mutex_);
-    last_timeline_ = std::move(timeline_);
+    std::swap(last_timeline_, timeline_);  // (both keep their capacity)
     timeline_.clear();
     next_launch_ = 0;
-    completed_ = 0;
+    queued_ = taken_ = completed_ = 0;
     steps_started_ = 0;
   }
 
   double since_start() const { return std::chrono::duration<double>(clock::now() - step_start_).count(); }
 
+  // Buckets launch in bucket order, once a step, so the queue is the
+  // buckets in [taken_, queued_).
   void launch(std::size_t b) {
-    double const launched = since_start();
+    launched_at_[b] = since_start();
     if (overlapping()) {
       {
         std::lock_guard lock(mutex_);
-        queue_.push_back({b, launched});
+        queued_ = b + 1;
       }
       wake_.notify_all();
       return;
@@ -379,44 +299,42 @@ class model_reducer {
 #if GRADCOMP_HAS_CUDA
     if constexpr (on_device) GRADCOMP_CUDA_TRY(cudaStreamWaitEvent(space_.stream, ready_events_[b].get(), 0));
 #endif
-    run(b, launched);
+    run(b);
   }
 
   // Reduces bucket b; an error is kept for finish() (every rank meets the
   // same one, and every rank still reduces the later buckets).
-  void run(std::size_t b, double launched) {
+  void run(std::size_t b) {
     double const started = since_start();
     try {
-      auto const& bucket = buckets_[b];
+      auto const& bucket = plan_.buckets[b];
       (*reducers_[b])(storage_.view().subspan(bucket.offset, bucket.size));
     } catch (...) {
       std::lock_guard lock(mutex_);
       if (!error_) error_ = std::current_exception();
     }
     std::lock_guard lock(mutex_);
-    timeline_.push_back({b, launched, started, since_start()});
+    timeline_.push_back({b, launched_at_[b], started, since_start()});
     ++completed_;
   }
 
   // The next queued bucket, marked running (under the lock): one reduction
   // at a time, so each rank's collectives stay in bucket order.
-  std::pair<std::size_t, double> take() {
-    auto const job = queue_.front();
-    queue_.pop_front();
+  std::size_t take() {
     running_ = true;
-    return job;
+    return taken_++;
   }
 
   void progress() {
     for (;;) {
-      std::pair<std::size_t, double> job;
+      std::size_t b = 0;
       {
         std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !running_); });
-        if (queue_.empty()) return;  // stopping, nothing left
-        job = take();
+        wake_.wait(lock, [&] { return stopping_ || (taken_ != queued_ && !running_); });
+        if (taken_ == queued_) return;  // stopping, nothing left
+        b = take();
       }
-      run(job.first, job.second);
+      run(b);
       std::lock_guard lock(mutex_);
       running_ = false;
     }
@@ -432,15 +350,14 @@ class model_reducer {
   model_reducer_options options_;
   Space compute_;
   Space space_;
-  std::vector<parameter> params_;
-  std::vector<bucket_plan> buckets_;
-  std::size_t total_ = 0;
+  bucket_plan plan_;
   buffer<Gradient, Space> storage_;
   std::vector<std::unique_ptr<bucket_reducer>> reducers_;
 
   // This step.
   std::vector<char> marked_;
   std::vector<std::size_t> waiting_;
+  std::vector<double> launched_at_;  // bucket b's launch, in seconds from the step's start
   std::size_t next_launch_ = 0;
   int steps_started_ = 0;
   clock::time_point step_start_ = clock::now();
@@ -448,8 +365,7 @@ class model_reducer {
   // Shared with the progress thread.
   mutable std::mutex mutex_;
   std::condition_variable wake_;
-  std::deque<std::pair<std::size_t, double>> queue_;
-  std::size_t completed_ = 0;
+  std::size_t queued_ = 0, taken_ = 0, completed_ = 0;  // buckets launched, taken to run, run
   bool running_ = false;  // a bucket is being reduced (by either thread)
   bool stopping_ = false;
   std::exception_ptr error_;

@@ -41,7 +41,7 @@ namespace gradcomp::inline GRADCOMP_ABI {
 ///                       backend).
 /// \tparam Space         host_space, or cuda_space (the default for NCCL).
 /// \tparam Gradient      float, bfloat16 or half: how buckets are stored.
-template <class Compressor, class ErrorFeedback, class Collective = default_collective,
+template <class Compressor, class ErrorFeedback, class Collective,
           class Space = default_space_t<Collective>, class Gradient = float>
 class reduce_scatterer {
   static_assert(detail::shards_by_elements<Compressor>,
@@ -69,7 +69,7 @@ class reduce_scatterer {
         parts_(detail::element_parts(layout_.size(), ranks_, detail::shard_alignment(compressor))),
         padded_(padded(layout_, parts_.slot * static_cast<std::size_t>(ranks_))),
         space_(space),
-        inner_(std::move(compressor), collective, padded_, space, options, parts_.slot),
+        inner_(std::move(compressor), collective, padded_, space, options, step_output::own_block),
         whole_(padded_.size() == layout_.size() ? 0 : padded_.size(), space) {}
 
   /// Reduce-scatters `gradient`, this rank's whole bucket (layout().size()
@@ -83,19 +83,12 @@ class reduce_scatterer {
   /// values.
   void operator()(span<Gradient, memory> gradient, span<Gradient, memory> shard) {
     std::size_t const d = layout_.size(), padded = padded_.size();
-    bool const ok = gradient.size() == d && shard.size() == shard_size();
-    Gradient* whole = ok ? detail::padded_bucket(space_, gradient, whole_.data(), padded) : gradient.data();
-    try {
-      // A wrong size still takes part in the step, whose agreement then
-      // fails every rank instead of leaving peers waiting.
-      inner_(span<Gradient, memory>(whole, ok ? padded : padded + 1));
-    } catch (invalid_argument const&) {
-      if (ok) throw;
-      throw invalid_argument("reduce_scatterer: this rank passed a gradient of " + std::to_string(gradient.size()) +
-                             " elements and a shard of " + std::to_string(shard.size()) + "; the bucket has " +
-                             std::to_string(d) + " and this rank's shard " + std::to_string(shard_size()) +
-                             " (every rank skips this step)");
-    }
+    if (gradient.size() != d || shard.size() != shard_size())  // (every rank then fails the step, none waits)
+      refuse_step("reduce_scatterer: this rank passed a gradient of " + std::to_string(gradient.size()) +
+                  " elements and a shard of " + std::to_string(shard.size()) + "; the bucket has " + std::to_string(d) +
+                  " and this rank's shard " + std::to_string(shard_size()) + " (every rank skips this step)");
+    Gradient* whole = detail::padded_bucket(space_, gradient, whole_.data(), padded);
+    inner_(span<Gradient, memory>(whole, padded));
     Gradient const* mine = whole + shard_offset();
     if (!shard.empty() && shard.data() != mine) space_.copy(shard.data(), mine, shard.size_bytes());
   }
@@ -112,6 +105,8 @@ class reduce_scatterer {
 
   /// Waits for every step enqueued so far (see allreducer::synchronize).
   void synchronize() { inner_.synchronize(); }
+  /// Refuses this step on every rank (see allreducer::refuse_step).
+  [[noreturn]] void refuse_step(std::string const& why) { inner_.refuse_step(why); }
   /// Bytes the last step put on the wire, per rank (see step_context::wire_bytes).
   std::size_t wire_bytes() const { return inner_.wire_bytes(); }
   /// Steps committed, warm-up included.

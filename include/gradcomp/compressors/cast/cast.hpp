@@ -66,6 +66,20 @@ struct cast {
                                                                          : "fp16";
   /// Floats add element by element.
   static constexpr bool summable_payload = true;
+  /// Shards anywhere.
+  static constexpr shard_kind sharding = shard_kind::elements;
+  /// Any element may start a shard.
+  std::size_t shard_alignment() const { return 1; }
+
+  /// Spec: no keys. Unbiased, so no error feedback unless asked for (as
+  /// PyTorch's fp16 and bf16 hooks).
+  static constexpr std::string_view spec_keys = "";
+  static constexpr bool error_feedback_by_default = false;
+  /// make(the baseline).
+  template <class Spec, class Make>
+  static decltype(auto) from_spec(Spec const&, int, Make&& make) {
+    return make(cast{});
+  }
 
   /// Any bucket works.
   void validate(bucket_layout const&, int) const {}

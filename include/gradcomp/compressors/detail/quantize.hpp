@@ -12,7 +12,6 @@
 #pragma once
 
 #include <gradcomp/algorithm/segmented_reduce.hpp>
-#include <gradcomp/collectives/collective.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/types.hpp>
@@ -108,6 +107,18 @@ void expect_lane_headroom(std::string_view who, int ranks, std::int64_t largest,
                    std::string(who) + ": " + std::to_string(ranks) + " ranks x codes up to +-" + std::to_string(largest) +
                        " (" + std::to_string(bits) + " bits) sum beyond the " + std::string(name_of(dtype_of_v<Lane>)) +
                        " lane (max " + std::to_string(limit) + "); use a wider lane, fewer bits or fewer ranks");
+}
+
+/// Throws invalid_argument unless `bits` fits the Lane (1..7 for int8,
+/// 1..24 for int32: a code must stay exact in a float), then unless n ranks'
+/// codes of 2^bits - 1 levels sum inside it.
+template <class Lane>
+void expect_code_bits(std::string_view who, int ranks, int bits) {
+  int const most = std::is_same_v<Lane, std::int8_t> ? 7 : 24;
+  GRADCOMP_EXPECTS(bits >= 1 && bits <= most, std::string(who) + ": " + std::to_string(bits) + " bits is outside 1.." +
+                                                  std::to_string(most) + " for the " +
+                                                  std::string(name_of(dtype_of_v<Lane>)) + " lane");
+  expect_lane_headroom<Lane>(who, ranks, (std::int64_t{1} << bits) - 1, bits);
 }
 
 /// The norm round of the QSGD family: ||acc||^2 over the bucket (bad values

@@ -12,7 +12,6 @@
 
 #include <gradcomp/algorithm/transform.hpp>
 #include <gradcomp/compressors/detail/quantize.hpp>
-#include <gradcomp/compressors/qsgd/qsgd.hpp>
 #include <gradcomp/detail/hash.hpp>
 #include <gradcomp/pipeline/compressor.hpp>
 #include <gradcomp/random.hpp>
@@ -96,9 +95,30 @@ struct global_randk {
   static_assert(detail::is_signed_code_lane<Lane>, "global_randk sums its codes in std::int8_t or std::int32_t lanes");
 
   /// Name for messages and reports.
-  static constexpr std::string_view name = "global-randk";
+  static constexpr std::string_view name = "global_randk";
   /// The same coordinates on every rank: codes add element by element.
   static constexpr bool summable_payload = true;
+  /// Shards anywhere.
+  static constexpr shard_kind sharding = shard_kind::elements;
+  /// Any element may start a shard.
+  std::size_t shard_alignment() const { return 1; }
+
+  /// Spec: k, bits, lane. Automatic lane: int8 while bits <= 7 and
+  /// n x (2^bits - 1) fits in 127, else int32.
+  static constexpr std::string_view spec_keys = "k bits lane";
+  static constexpr bool error_feedback_by_default = true;
+  /// make(the compressor the spec sets, in its lane for `ranks` ranks).
+  template <class Spec, class Make>
+  static decltype(auto) from_spec(Spec const& s, int ranks, Make&& make) {
+    auto build = [&](auto c) {
+      detail::set_if(s.k, c.k);
+      detail::set_if(s.bits, c.bits);
+      return c;
+    };
+    auto const narrow = build(global_randk<std::int8_t>{});
+    if (detail::narrow_lane(s.lane, narrow.bits <= 7 && ranks * narrow.levels() <= 127)) return make(narrow);
+    return make(build(global_randk<std::int32_t>{}));
+  }
 
   std::size_t k = 10000;                 ///< Coordinates sent per step (an empty bucket sends none).
   int bits = 4;                          ///< s = 2^bits - 1 levels per sign.
@@ -116,7 +136,7 @@ struct global_randk {
     GRADCOMP_EXPECTS(layout.size() == 0 || (k >= 1 && k <= layout.size()),
                      "global_randk: k = " + std::to_string(k) + " must be in 1..the bucket's " +
                          std::to_string(layout.size()) + " elements");
-    qsgd_maxnorm<Lane>{bits, seed}.validate(layout, ranks);
+    detail::expect_code_bits<Lane>("global_randk", ranks, bits);
   }
 
   /// Hash of the parameters.

@@ -126,6 +126,21 @@ struct intsgd {
   static constexpr std::string_view name = "intsgd";
   /// Integers of every rank add element by element.
   static constexpr bool summable_payload = true;
+  /// Shards anywhere.
+  static constexpr shard_kind sharding = shard_kind::elements;
+  /// Any element may start a shard.
+  std::size_t shard_alignment() const { return 1; }
+
+  /// Spec: lane. Automatic lane: int8 while each of n ranks keeps at least
+  /// the integers -7..7 (n <= 18), else int32.
+  static constexpr std::string_view spec_keys = "lane";
+  static constexpr bool error_feedback_by_default = true;
+  /// make(the compressor in its lane for `ranks` ranks).
+  template <class Spec, class Make>
+  static decltype(auto) from_spec(Spec const& s, int ranks, Make&& make) {
+    if (detail::narrow_lane(s.lane, ranks <= 18)) return make(intsgd<std::int8_t>{});
+    return make(intsgd<std::int32_t>{});
+  }
 
   float alpha0 = 1.0f;                   ///< Scale of alpha.
   float beta = 0.9f;                     ///< Decay of the running mean r of ||g||^2.

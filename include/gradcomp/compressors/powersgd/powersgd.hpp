@@ -104,8 +104,21 @@ struct powersgd {
   /// Every rank multiplies by the same Q (shared seed, then the summed
   /// one), so the P's and Q's add element by element.
   static constexpr bool summable_payload = true;
+  /// Shards by whole tensors: a step needs each matrix whole.
+  static constexpr shard_kind sharding = shard_kind::tensors;
 
-  std::size_t rank = 1;                    ///< r (PyTorch: matrix_approximation_rank).
+  /// Spec: matrix_rank.
+  static constexpr std::string_view spec_keys = "matrix_rank";
+  static constexpr bool error_feedback_by_default = true;
+  /// make(the compressor the spec sets).
+  template <class Spec, class Make>
+  static decltype(auto) from_spec(Spec const& s, int, Make&& make) {
+    powersgd c;
+    detail::set_if(s.matrix_rank, c.matrix_rank);
+    return make(c);
+  }
+
+  std::size_t matrix_rank = 1;             ///< r (PyTorch: matrix_approximation_rank).
   double min_compression_rate = 2.0;       ///< Compress only if (n + m) r' * rate < n m.
   bool warm_start = true;                  ///< Reuse last step's Q.
   float orthogonalization_epsilon = 0.0f;  ///< Added to column norms in Gram-Schmidt.
@@ -123,7 +136,7 @@ struct powersgd {
     std::size_t p = 0, q = 0, plain = 0;
     for (auto const& t : layout.tensors()) {
       detail::psgd_tensor x{t.offset, t.rows(), t.cols(), 0, 0, 0, 0};
-      std::size_t const r = std::min({x.rows, x.cols, rank});
+      std::size_t const r = std::min({x.rows, x.cols, matrix_rank});
       bool const compress =
           !t.is_vector() && r > 0 &&
           static_cast<double>((x.rows + x.cols) * r) * min_compression_rate < static_cast<double>(x.rows * x.cols);
@@ -169,7 +182,7 @@ struct powersgd {
 
   /// Throws for a rank of 0 or a negative compression rate.
   void validate(bucket_layout const& layout, int /*ranks*/) const {
-    GRADCOMP_EXPECTS(rank >= 1, "powersgd: the rank must be at least 1");
+    GRADCOMP_EXPECTS(matrix_rank >= 1, "powersgd: the matrix rank must be at least 1");
     GRADCOMP_EXPECTS(min_compression_rate >= 0.0, "powersgd: min_compression_rate must be >= 0");
     for_each_part(layout, [](detail::psgd_tensor const& x) {
       GRADCOMP_EXPECTS(x.rows < (std::size_t{1} << 31) && x.cols < (std::size_t{1} << 31),
@@ -179,7 +192,7 @@ struct powersgd {
 
   /// Hash of the parameters.
   std::uint64_t fingerprint() const {
-    std::uint64_t h = detail::hash_combine(detail::hash(name), rank);
+    std::uint64_t h = detail::hash_combine(detail::hash(name), matrix_rank);
     h = detail::hash_combine(h, std::bit_cast<std::uint64_t>(min_compression_rate));
     h = detail::hash_combine(h, warm_start);
     h = detail::hash_combine(h, std::bit_cast<std::uint32_t>(orthogonalization_epsilon));

@@ -61,13 +61,33 @@ struct qsgd_decode {
 ///
 /// \tparam Lane the summation lane: std::int8_t (bits <= 7) or std::int32_t.
 template <class Lane = std::int8_t>
-struct qsgd_maxnorm {
-  static_assert(detail::is_signed_code_lane<Lane>, "qsgd_maxnorm sums its codes in std::int8_t or std::int32_t lanes");
+struct qsgd {
+  static_assert(detail::is_signed_code_lane<Lane>, "qsgd sums its codes in std::int8_t or std::int32_t lanes");
 
   /// Name for messages and reports.
-  static constexpr std::string_view name = "qsgd-maxnorm";
+  static constexpr std::string_view name = "qsgd";
   /// Integer codes of every rank add element by element.
   static constexpr bool summable_payload = true;
+  /// Shards anywhere.
+  static constexpr shard_kind sharding = shard_kind::elements;
+  /// Any element may start a shard.
+  std::size_t shard_alignment() const { return 1; }
+
+  /// Spec: bits, lane. Automatic lane: int8 while bits <= 7 and
+  /// n x (2^bits - 1) fits in 127, else int32. Unbiased, so no error
+  /// feedback unless asked for.
+  static constexpr std::string_view spec_keys = "bits lane";
+  static constexpr bool error_feedback_by_default = false;
+  /// make(the compressor the spec sets, in its lane for `ranks` ranks).
+  template <class Spec, class Make>
+  static decltype(auto) from_spec(Spec const& s, int ranks, Make&& make) {
+    qsgd<std::int8_t> narrow;
+    detail::set_if(s.bits, narrow.bits);
+    if (detail::narrow_lane(s.lane, narrow.bits <= 7 && ranks * narrow.levels() <= 127)) return make(narrow);
+    qsgd<std::int32_t> wide;
+    detail::set_if(s.bits, wide.bits);
+    return make(wide);
+  }
 
   int bits = 4;                          ///< s = 2^bits - 1 levels per sign.
   std::optional<std::uint64_t> seed{};  ///< Seeds the rounding noise; unset: the bucket's own.
@@ -78,11 +98,7 @@ struct qsgd_maxnorm {
   /// Throws invalid_argument for bits outside 1..(7 for int8, 24 for int32)
   /// or n ranks whose summed codes could overflow the lane.
   void validate(bucket_layout const&, int ranks) const {
-    int const most = std::is_same_v<Lane, std::int8_t> ? 7 : 24;
-    GRADCOMP_EXPECTS(bits >= 1 && bits <= most, "qsgd_maxnorm: " + std::to_string(bits) + " bits is outside 1.." +
-                                                    std::to_string(most) + " for the " +
-                                                    std::string(name_of(dtype_of_v<Lane>)) + " lane");
-    detail::expect_lane_headroom<Lane>("qsgd_maxnorm", ranks, levels(), bits);
+    detail::expect_code_bits<Lane>("qsgd", ranks, bits);
   }
 
   /// Hash of the parameters.
@@ -139,6 +155,6 @@ struct qsgd_maxnorm {
   }
 };
 
-static_assert(compressor<qsgd_maxnorm<>>);
+static_assert(compressor<qsgd<>>);
 
 }  // namespace gradcomp

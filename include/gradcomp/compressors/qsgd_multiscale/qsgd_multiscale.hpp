@@ -139,9 +139,22 @@ struct multiscale_decode {
 /// by all ranks (see the top of this header). Codes sum in int8 lanes.
 struct qsgd_multiscale {
   /// Name for messages and reports.
-  static constexpr std::string_view name = "qsgd-multiscale";
+  static constexpr std::string_view name = "qsgd_multiscale";
   /// Integer codes at agreed scales add element by element.
   static constexpr bool summable_payload = true;
+  /// Shards anywhere.
+  static constexpr shard_kind sharding = shard_kind::elements;
+  /// Any element may start a shard.
+  std::size_t shard_alignment() const { return 1; }
+
+  /// Spec: no keys.
+  static constexpr std::string_view spec_keys = "";
+  static constexpr bool error_feedback_by_default = true;
+  /// make(the compressor).
+  template <class Spec, class Make>
+  static decltype(auto) from_spec(Spec const&, int, Make&& make) {
+    return make(qsgd_multiscale{});
+  }
 
   /// Bits of each scale, ascending (coarsest first); 0 ends the list.
   std::array<int, detail::max_scales> bits{6, 10, 0, 0};

@@ -73,6 +73,29 @@ struct thc {
   static constexpr std::string_view name = "thc";
   /// Integer lane values of every rank add element by element.
   static constexpr bool summable_payload = true;
+  /// Shards on whole rotation blocks.
+  static constexpr shard_kind sharding = shard_kind::elements;
+  /// A shard starts on a rotation block.
+  std::size_t shard_alignment() const { return block; }
+
+  /// Spec: bits, block, stages, lane. Automatic lane: uint8 while n x the
+  /// top level fits in 255, else int32.
+  static constexpr std::string_view spec_keys = "bits block stages lane";
+  static constexpr bool error_feedback_by_default = true;
+  /// make(the compressor the spec sets, in its lane for `ranks` ranks).
+  template <class Spec, class Make>
+  static decltype(auto) from_spec(Spec const& s, int ranks, Make&& make) {
+    auto build = [&](auto c) {
+      detail::set_if(s.bits, c.bits);
+      detail::set_if(s.block, c.block);
+      detail::set_if(s.stages, c.stages);
+      return c;
+    };
+    auto const narrow = build(thc<std::uint8_t>{});
+    bool const fits = static_cast<std::int64_t>(ranks) * static_cast<std::int64_t>(narrow.top()) <= 255;
+    if (detail::narrow_lane(s.lane, fits)) return make(narrow);
+    return make(build(thc<std::int32_t>{}));
+  }
 
   std::size_t block = 1024;      ///< B, the rotation block: a power of two up to 4096.
   int stages = -1;               ///< Butterfly stages (partial rotation); -1: log2(B), the full transform.

@@ -100,6 +100,19 @@ struct topk {
   static constexpr std::string_view name = "topk";
   /// Each rank picks its own indices: payloads cannot be added element-wise.
   static constexpr bool summable_payload = false;
+  /// Does not shard: its pairs do not sum.
+  static constexpr shard_kind sharding = shard_kind::none;
+
+  /// Spec: fraction (of elements).
+  static constexpr std::string_view spec_keys = "fraction";
+  static constexpr bool error_feedback_by_default = true;
+  /// make(the compressor the spec sets).
+  template <class Spec, class Make>
+  static decltype(auto) from_spec(Spec const& s, int, Make&& make) {
+    topk c;
+    detail::set_if(s.fraction, c.fraction);
+    return make(c);
+  }
 
   /// `k` value meaning "k = ceil(fraction * d)".
   static constexpr std::size_t from_fraction = static_cast<std::size_t>(-1);

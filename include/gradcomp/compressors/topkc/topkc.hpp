@@ -203,14 +203,30 @@ struct compare_selections {
 /// \tparam Value wire type of the chosen chunks' values: float, bfloat16 or half.
 /// \tparam Score wire type of the chunk scores: float or bfloat16.
 template <class Value = bfloat16, class Score = bfloat16>
-struct topk_chunked {
+struct topkc {
   static_assert(std::is_same_v<Score, float> || std::is_same_v<Score, bfloat16>,
-                "topk_chunked scores travel as float or bfloat16 (half would underflow squared gradients)");
+                "topkc scores travel as float or bfloat16 (half would underflow squared gradients)");
 
   /// Name for messages and reports.
   static constexpr std::string_view name = "topkc";
   /// Every rank sends the same chunks: the values add element by element.
   static constexpr bool summable_payload = true;
+  /// Shards on whole chunks.
+  static constexpr shard_kind sharding = shard_kind::elements;
+  /// A shard starts on a chunk.
+  std::size_t shard_alignment() const { return chunk_size; }
+
+  /// Spec: fraction (of chunks), chunk_size.
+  static constexpr std::string_view spec_keys = "fraction chunk_size";
+  static constexpr bool error_feedback_by_default = true;
+  /// make(the compressor the spec sets).
+  template <class Spec, class Make>
+  static decltype(auto) from_spec(Spec const& s, int, Make&& make) {
+    topkc c;
+    detail::set_if(s.fraction, c.fraction);
+    detail::set_if(s.chunk_size, c.chunk_size);
+    return make(c);
+  }
 
   /// `chunks` value meaning "K = ceil(fraction * m)".
   static constexpr std::size_t from_fraction = static_cast<std::size_t>(-1);
@@ -239,16 +255,16 @@ struct topk_chunked {
   /// [1, 2^30], a fraction outside (0, 1], or more chunks than the bucket has.
   void validate(bucket_layout const& layout, int /*ranks*/) const {
     GRADCOMP_EXPECTS(chunk_size != 0 && std::has_single_bit(chunk_size) && chunk_size <= max_chunk_size,
-                     "topk_chunked: chunk size " + std::to_string(chunk_size) +
+                     "topkc: chunk size " + std::to_string(chunk_size) +
                          " is not a power of two in [1, 2^30]");
     GRADCOMP_EXPECTS(chunks != from_fraction || (fraction > 0.0 && fraction <= 1.0),
-                     "topk_chunked: the fraction of chunks kept must be in (0, 1], got " + std::to_string(fraction));
+                     "topkc: the fraction of chunks kept must be in (0, 1], got " + std::to_string(fraction));
     std::size_t const m = chunk_count(layout.size());
     GRADCOMP_EXPECTS(chunks == from_fraction || chunks <= m,
-                     "topk_chunked: " + std::to_string(chunks) + " chunks kept, but a bucket of " +
+                     "topkc: " + std::to_string(chunks) + " chunks kept, but a bucket of " +
                          std::to_string(layout.size()) + " elements has only " + std::to_string(m) + " chunks of " +
                          std::to_string(chunk_size));
-    GRADCOMP_EXPECTS(m < detail::not_selected, "topk_chunked: too many chunks for 32-bit chunk indices");
+    GRADCOMP_EXPECTS(m < detail::not_selected, "topkc: too many chunks for 32-bit chunk indices");
   }
 
   /// Hash of the parameters.
@@ -282,7 +298,7 @@ struct topk_chunked {
     ws.scores = w.template take<Score>(m);
     ws.position = w.template take<std::uint32_t>(m);
     ws.selected = w.template take<std::uint32_t>(k);
-    ws.packed = w.template take<Value>(detail::checked_mul(k, chunk_size, "topk_chunked: the payload"));
+    ws.packed = w.template take<Value>(detail::checked_mul(k, chunk_size, "topkc: the payload"));
     ws.scratch = w.template take<std::byte>(Aggregator::scratch_bytes(ws.packed.size_bytes(), ranks));
     ws.hashes = w.template take<std::uint64_t>(verify_selection ? 1 + static_cast<std::size_t>(ranks) : 0);
     ws.select = w.template take<std::byte>(top_k_scratch_bytes<Memory>(m));
@@ -323,7 +339,7 @@ struct topk_chunked {
       parallel_for(space, 1, detail::hash_selection{ws.selected.data(), k, ws.hashes.data()});
       ctx.all_gather(span<std::uint64_t const, memory>(ws.hashes.subspan(0, 1)), ws.hashes.subspan(1, ctx.ranks()));
       parallel_for(space, 1, detail::compare_selections{ws.hashes.data() + 1, ctx.ranks(), ctx.veto_word()});
-      ctx.fault_checked("topk_chunked: the ranks selected different chunks; the summed scores differ between ranks "
+      ctx.fault_checked("topkc: the ranks selected different chunks; the summed scores differ between ranks "
                         "(a collective that does not return identical sums?)");
     }
 
@@ -336,6 +352,6 @@ struct topk_chunked {
   }
 };
 
-static_assert(compressor<topk_chunked<>>);
+static_assert(compressor<topkc<>>);
 
 }  // namespace gradcomp

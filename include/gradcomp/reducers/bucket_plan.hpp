@@ -1,0 +1,95 @@
+// How a model's parameters are packed into buckets: a free function, as
+// DDP's compute_bucket_assignment_by_size, so the rule can be read and tested
+// apart from the reducer that follows it.
+#pragma once
+
+#include <gradcomp/detail/checked.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+namespace gradcomp::inline GRADCOMP_ABI {
+
+/// The rules plan_buckets follows (model_reducer_options holds them).
+struct bucket_rules {
+  /// Buckets of fewer elements take the `small` compressor.
+  std::size_t min_compression_elements = std::size_t{1} << 16;
+  /// 1-D tensors (biases, norms) go in buckets of their own, which take `small`.
+  bool vectors_uncompressed = true;
+  /// A bucket closes once it holds this many bytes of gradients, as stored
+  /// (DDP's bucket_cap_mb: 25 MiB) ...
+  std::size_t bucket_cap_bytes = std::size_t{25} << 20;
+  /// ... and the first bucket of each kind at this many (1 MiB), so the first
+  /// reduction starts early in the backward pass.
+  std::size_t first_bucket_cap_bytes = std::size_t{1} << 20;
+};
+
+/// Where plan_buckets put the model's parameters and how it laid them out.
+struct bucket_plan {
+  /// Parameter p: its bucket, and its elements' place in the model's storage.
+  struct parameter {
+    std::size_t bucket = 0, offset = 0, size = 0;
+  };
+  /// A bucket: its parameters in layout order, its place in the storage.
+  struct bucket {
+    std::vector<std::size_t> params;
+    std::size_t offset = 0, size = 0;
+    std::size_t last = 0;     ///< Its last parameter in backward order.
+    bool compressed = false;  ///< It takes the compressor, not `small`.
+  };
+  std::vector<parameter> params;
+  std::vector<bucket> buckets;  ///< In the order they are reduced.
+  std::size_t total = 0;        ///< Elements of the model.
+};
+
+/// Packs parameters of `shapes` (in backward order; elements of
+/// `element_bytes` bytes) into buckets by byte cap, 1-D tensors apart, then
+/// orders the buckets by when their last gradient is ready and lays them out
+/// back to back in that order. Throws invalid_argument for a size that
+/// overflows.
+inline bucket_plan plan_buckets(std::vector<std::vector<std::size_t>> const& shapes, std::size_t element_bytes,
+                                bucket_rules const& rules) {
+  bucket_plan plan;
+  plan.params.resize(shapes.size());
+  auto is_vector = [&](std::size_t p) { return rules.vectors_uncompressed && shapes[p].size() <= 1; };
+  std::vector<bucket_plan::bucket> open(2), closed;
+  std::size_t made[2] = {0, 0};
+  auto close = [&](int kind) {
+    if (open[kind].params.empty()) return;
+    closed.push_back(std::move(open[kind]));
+    open[kind] = {};
+    ++made[kind];
+  };
+  for (std::size_t p = 0; p < shapes.size(); ++p) {
+    std::size_t n = 1;
+    for (std::size_t extent : shapes[p]) n = detail::checked_mul(n, extent, "model_reducer: a tensor's size");
+    int const kind = is_vector(p) ? 1 : 0;
+    open[kind].params.push_back(p);
+    open[kind].size = detail::checked_add(open[kind].size, n, "model_reducer: a bucket's size");
+    open[kind].last = p;
+    plan.params[p].size = n;
+    std::size_t const cap = made[kind] == 0 ? rules.first_bucket_cap_bytes : rules.bucket_cap_bytes;
+    if (open[kind].size * element_bytes >= cap) close(kind);
+  }
+  close(0);
+  close(1);
+  std::stable_sort(closed.begin(), closed.end(), [](auto const& a, auto const& b) { return a.last < b.last; });
+  for (std::size_t b = 0; b < closed.size(); ++b) {
+    auto& bucket = closed[b];
+    bucket.offset = plan.total;
+    bucket.compressed = !is_vector(bucket.params.front()) && bucket.size >= rules.min_compression_elements;
+    std::size_t offset = plan.total;
+    for (std::size_t p : bucket.params) {
+      plan.params[p].bucket = b;
+      plan.params[p].offset = offset;
+      offset += plan.params[p].size;
+    }
+    plan.total = detail::checked_add(plan.total, bucket.size, "model_reducer: the model's size");
+  }
+  plan.buckets = std::move(closed);
+  return plan;
+}
+
+}  // namespace gradcomp

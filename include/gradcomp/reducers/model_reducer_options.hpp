@@ -1,0 +1,44 @@
+// What a model_reducer is told (model_reducer_options) and what it reports
+// of a step (bucket_event).
+#pragma once
+
+#include <gradcomp/compressors/registry.hpp>
+#include <gradcomp/reducers/bucket_plan.hpp>
+#include <gradcomp/reducers/options.hpp>
+
+#include <cstddef>
+
+namespace gradcomp::inline GRADCOMP_ABI {
+
+/// How a model_reducer packs (bucket_rules: plan_buckets) and reduces a
+/// model's gradients.
+struct model_reducer_options : bucket_rules {
+  /// The compressor of large buckets of matrices.
+  compressor_spec compressor{};
+  /// The compressor of small buckets and of 1-D tensors (bf16, no error
+  /// feedback: PyTorch's min_compression_rate, CGX's layer_min_size).
+  compressor_spec small{};
+  /// Non-finite policy, seed and warm-up of every bucket (each bucket's
+  /// position is its `bucket`).
+  allreducer_options reduce{};
+  /// Host collectives: reduce on a progress thread while the caller goes on
+  /// (the collective must then allow calls from another thread than the
+  /// caller's: MPI_THREAD_SERIALIZED; local_group does). False: each bucket is
+  /// reduced inside the mark_ready call that completes it. (On CUDA the
+  /// reductions are enqueued on the collective's stream either way.)
+  bool overlap = true;
+  /// Hierarchical reducers (built from node_groups): reduce-scatter inside the
+  /// node in bf16 rather than fp32.
+  bool bf16_within_node = false;
+};
+
+/// One bucket's reduction in the last step, in seconds from the step's first
+/// mark_ready (host clock; on CUDA, when it was enqueued).
+struct bucket_event {
+  std::size_t bucket;
+  double launched;  ///< Its last gradient was marked ready, and every earlier bucket launched.
+  double started;   ///< Its reduction began.
+  double finished;  ///< Its reduction returned.
+};
+
+}  // namespace gradcomp
