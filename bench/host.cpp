@@ -81,8 +81,9 @@ void four_ranks(benchmark::State& state, Compressor compressor) {
   std::size_t wire = 0;
   local_group::run(4, [&](local_group::communicator& world) {
     using EF = error_feedback::residual;
-    using reducer = std::conditional_t<Scatter, reduce_scatterer<Compressor, EF, local_group::communicator, host_space>,
-                                       allreducer<Compressor, EF, local_group::communicator, allreduce_aggregator, host_space>>;
+    using reducer =
+        std::conditional_t<Scatter, reduce_scatterer<Compressor, EF, local_group::communicator, host_space>,
+                           allreducer<Compressor, EF, local_group::communicator, allreduce_aggregator, host_space>>;
     reducer reduce(compressor, world, bucket_layout(d), space);
     std::vector<float> const g = bench::random_gradient(d, 42 + static_cast<unsigned>(world.rank()));
     std::vector<float> gradient(d), shard(d);

@@ -87,7 +87,7 @@ TEST_CASE("allreducer and reduce_scatterer steps allocate nothing, for every com
       if (comm.rank() == 0) reduced = n;
       if constexpr (detail::shards_by_elements<C>) {
         reduce_scatterer<C, error_feedback::residual, local_group::communicator, host_space> scatter(c, comm, layout,
-                                                                                                  host_space{});
+                                                                                                     host_space{});
         std::vector<float> shard(scatter.shard_size());
         std::size_t const m = allocations_of(comm, [&] {
           std::copy(g.begin(), g.end(), gradient.begin());

@@ -90,8 +90,8 @@ TEST_CASE("the lane policy picks the narrowest lane n ranks cannot overflow") {
   CHECK_FALSE(picks_narrow("thc:bits=2", 86));
   CHECK(picks_narrow("qsgd:bits=4", 8));  // 8 x 15 = 120
   CHECK_FALSE(picks_narrow("qsgd:bits=4", 9));
-  CHECK_FALSE(picks_narrow("qsgd:bits=8", 1));  // 255 levels never fit int8
-  CHECK(picks_narrow("global_randk:bits=3", 18));      // 18 x 7 = 126
+  CHECK_FALSE(picks_narrow("qsgd:bits=8", 1));     // 255 levels never fit int8
+  CHECK(picks_narrow("global_randk:bits=3", 18));  // 18 x 7 = 126
   CHECK_FALSE(picks_narrow("global_randk:bits=3", 19));
   CHECK(picks_narrow("intsgd", 18));
   CHECK_FALSE(picks_narrow("intsgd", 19));

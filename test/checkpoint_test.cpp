@@ -57,7 +57,7 @@ TEST_CASE("warm-up steps send the fp32 mean; the compressor then starts as if ne
       bucket_layout const layout = odd_layout(1);
       std::size_t const d = layout.size();
       host_reducer<C, error_feedback::residual, local_group::communicator> warm(c, comm, layout, host_space{},
-                                                                              {.warmup_steps = 2});
+                                                                                {.warmup_steps = 2});
       host_reducer<fp32, error_feedback::none, local_group::communicator> plain(fp32{}, comm, layout, host_space{});
       host_reducer<C, error_feedback::residual, local_group::communicator> fresh(c, comm, layout, host_space{});
       for (int step = 0; step < 5; ++step) {
@@ -95,8 +95,8 @@ TEST_CASE("a run saved and restored into new allreducers continues bitwise") {
         bucket_layout const layout = odd_layout(1);
         std::size_t const d = layout.size();
         allreducer_options const options{.warmup_steps = warmup};
-        auto first = std::make_unique<host_reducer<C, EF, local_group::communicator>>(c, comm, layout, host_space{},
-                                                                                      options);
+        auto first =
+            std::make_unique<host_reducer<C, EF, local_group::communicator>>(c, comm, layout, host_space{}, options);
         auto* reduce = first.get();
         std::unique_ptr<host_reducer<C, EF, local_group::communicator>> second;
         for (int step = 0; step < total; ++step) {
@@ -207,8 +207,7 @@ TEST_CASE("every truncation and every corrupted byte of a checkpoint is refused"
   for_each_compressor([&](auto c, double) {
     using C = decltype(c);
     local_group::run(ranks, [&](local_group::communicator& comm) {
-      host_reducer<C, error_feedback::residual, local_group::communicator> reduce(c, comm, odd_layout(1),
-                                                                                host_space{});
+      host_reducer<C, error_feedback::residual, local_group::communicator> reduce(c, comm, odd_layout(1), host_space{});
       std::size_t const d = reduce.layout().size();
       auto g = random_gradient(900, comm.rank(), d);
       reduce({g.data(), d});
@@ -235,7 +234,7 @@ TEST_CASE("every truncation and every corrupted byte of a checkpoint is refused"
 TEST_CASE("a restored residual must be finite") {
   local_group::run(2, [&](local_group::communicator& comm) {
     host_reducer<bf16, error_feedback::residual, local_group::communicator> reduce(bf16{}, comm, odd_layout(1),
-                                                                                 host_space{});
+                                                                                   host_space{});
     std::size_t const d = reduce.layout().size();
     auto g = random_gradient(40, comm.rank(), d);
     reduce({g.data(), d});
@@ -261,8 +260,7 @@ TEST_CASE("a restored compressor state must be one the compressor can hold") {
   auto check = [](auto c, auto poison, char const* says) {
     using C = decltype(c);
     local_group::run(2, [&](local_group::communicator& comm) {
-      host_reducer<C, error_feedback::residual, local_group::communicator> reduce(c, comm, odd_layout(1),
-                                                                                host_space{});
+      host_reducer<C, error_feedback::residual, local_group::communicator> reduce(c, comm, odd_layout(1), host_space{});
       std::size_t const d = reduce.layout().size();
       for (int step = 0; step < 2; ++step) {
         auto g = random_gradient(50 + step, comm.rank(), d);
@@ -283,7 +281,8 @@ TEST_CASE("a restored compressor state must be one the compressor can hold") {
       CHECK(reduce.save() == before);
     });
   };
-  check(powersgd<>{.matrix_rank = 2, .min_compression_rate = 1}, std::numeric_limits<float>::quiet_NaN(), "PowerSGD's Q");
+  check(powersgd<>{.matrix_rank = 2, .min_compression_rate = 1}, std::numeric_limits<float>::quiet_NaN(),
+        "PowerSGD's Q");
   check(intsgd<>{}, -1.0, "IntSGD's running norm");
 }
 
@@ -307,9 +306,9 @@ TEST_CASE("state of one's own restores through the reducers' agreement: every ra
   local_group::run(n, [&](local_group::communicator& comm) {  // one step behind
     verdict(comm, comm.rank() == odd ? step - 1 : step, "");
   });
-  std::string const steps = odd == 0 ? "(rank 0: " + std::to_string(step - 1) + ", rank 1: " + std::to_string(step)
-                                      : "(rank 0: " + std::to_string(step) + ", rank " + std::to_string(odd) + ": " +
-                                            std::to_string(step - 1);
+  std::string const steps =
+      odd == 0 ? "(rank 0: " + std::to_string(step - 1) + ", rank 1: " + std::to_string(step)
+               : "(rank 0: " + std::to_string(step) + ", rank " + std::to_string(odd) + ": " + std::to_string(step - 1);
   for (auto const& e : errors) CHECK(e.find("of different steps " + steps) != std::string::npos);
 
   std::fill(errors.begin(), errors.end(), "");
@@ -317,7 +316,8 @@ TEST_CASE("state of one's own restores through the reducers' agreement: every ra
     verdict(comm, step, comm.rank() == odd ? "a torn file" : "");
   });
   for (auto const& e : errors)
-    CHECK(e == "rank " + std::to_string(odd) + " cannot restore its checkpoint (a torn file); no rank restored anything");
+    CHECK(e ==
+          "rank " + std::to_string(odd) + " cannot restore its checkpoint (a torn file); no rank restored anything");
 
   // Two ranks fail: every rank names the first, with its reason, after a
   // restore and after a set-up.

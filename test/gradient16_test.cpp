@@ -90,8 +90,8 @@ TEST_CASE("16-bit gradients: ranks end bitwise identical, and warm-up writes the
     std::vector<std::vector<std::uint16_t>> bits(ranks);
     local_group::run(ranks, [&](local_group::communicator& comm) {
       std::uint64_t const seed = shared_seed(comm);
-      host_reducer<C, error_feedback::residual, local_group::communicator> reduce(
-          c, comm, odd_layout(2), host_space{}, {.warmup_steps = 1});
+      host_reducer<C, error_feedback::residual, local_group::communicator> reduce(c, comm, odd_layout(2), host_space{},
+                                                                                  {.warmup_steps = 1});
       std::size_t const d = reduce.layout().size();
       for (int step = 0; step < 3; ++step) {
         auto const drawn = random_gradient(seed + step, comm.rank(), d);
@@ -105,8 +105,7 @@ TEST_CASE("16-bit gradients: ranks end bitwise identical, and warm-up writes the
           }
           reduce(span<bfloat16>(g.data(), d));
           std::size_t far = 0;
-          for (std::size_t i = 0; i < d; ++i)
-            far += ulps<bfloat16>(static_cast<float>(g[i]), mean[i]) <= 1.0 ? 0 : 1;
+          for (std::size_t i = 0; i < d; ++i) far += ulps<bfloat16>(static_cast<float>(g[i]), mean[i]) <= 1.0 ? 0 : 1;
           INFO(C::name << ": warm-up step, seed " << seed);
           CHECK(far == 0);
           continue;

@@ -200,8 +200,7 @@ TEST_CASE("ranks agree over two levels in world order, and a disagreement names 
       CHECK(all.first_other_a() == 1);
       CHECK(all.first_other_b() == -1);
 
-      using reducer = hierarchical_allreducer<topkc<>, error_feedback::residual, local_group::communicator,
-                                              host_space>;
+      using reducer = hierarchical_allreducer<topkc<>, error_feedback::residual, local_group::communicator, host_space>;
       topkc<> const c{.chunk_size = 16, .fraction = 0.25};
       std::size_t const d = rank == n - 1 ? 999 : 1000;
       std::string const sizes = "rank 0 has 1000 elements, rank " + std::to_string(n - 1) + " has 999";
@@ -337,7 +336,7 @@ TEST_CASE("a model reducer reduces every bucket in two levels") {
       auto const g = reducer.gradient(p);
       out[world.rank()].insert(out[world.rank()].end(), g.begin(), g.end());
     }
-    model_reducer_options pairs = options;  // (each rank its own copy: the ranks are threads)
+    model_reducer_options pairs = options;                           // (each rank its own copy: the ranks are threads)
     pairs.compressor = compressor_spec::parse("topk:fraction=0.1");  // classic TopK's pairs do not sum
     using reducer_t = model_reducer<local_group::communicator, host_space>;
     CHECK_THROWS_WITH(reducer_t(layers, groups, pairs), doctest::Contains("cannot be sharded"));
@@ -403,8 +402,7 @@ TEST_CASE("16-bit buckets reduce hierarchically to the fp32 path's mean, rounded
         check_16bit_hierarchical<bfloat16>(c, nodes, per_node, bf16_within_node);
       });
       check_16bit_hierarchical<half>(thc<>{.block = 64}, nodes, per_node, bf16_within_node);
-      check_16bit_hierarchical<half>(topkc<>{.chunk_size = 32, .fraction = 0.25}, nodes, per_node,
-                                     bf16_within_node);
+      check_16bit_hierarchical<half>(topkc<>{.chunk_size = 32, .fraction = 0.25}, nodes, per_node, bf16_within_node);
     }
   }
 }
@@ -428,7 +426,8 @@ std::vector<float> rank2_gradient(bucket_layout const& layout, std::uint64_t see
     auto const f = random_gradient(seed ^ 0x5eedULL, static_cast<int>(t), 2 * (rows + cols));  // shared factors
     for (std::size_t i = 0; i < rows; ++i)
       for (std::size_t j = 0; j < cols; ++j)
-        g[info.offset + i * cols + j] = own[0] * f[i] * f[rows + j] + own[1] * f[rows + cols + i] * f[2 * rows + cols + j];
+        g[info.offset + i * cols + j] =
+            own[0] * f[i] * f[rows + j] + own[1] * f[rows + cols + i] * f[2 * rows + cols + j];
   }
   return g;
 }
@@ -488,8 +487,8 @@ TEST_CASE("PowerSGD in two levels: error feedback loses nothing over many steps"
     std::vector<double> sent(d, 0.0), had(d, 0.0), kept(d, 0.0);
     local_group::run(world_size, [&](local_group::communicator& world) {
       auto groups = split_nodes(world, per_node);
-      hierarchical_allreducer<C, error_feedback::residual, local_group::communicator, host_space> h(
-          c, groups, few, host_space{});
+      hierarchical_allreducer<C, error_feedback::residual, local_group::communicator, host_space> h(c, groups, few,
+                                                                                                    host_space{});
       for (int t = 0; t < steps; ++t) {
         auto g = random_gradient(700 + t, world.rank(), d);
         h({g.data(), d});

@@ -130,7 +130,7 @@ TEST_CASE("reduce-scatter over MPI: each rank's shard is the all-reduce path's s
     // (No error feedback: each step's payload is then this step's gradient,
     // which bounds the rounding of a bf16 sum.)
     reduce_scatterer<C, error_feedback::none, mpi_communicator, host_space> rs(c, world, bucket_layout(10007),
-                                                                              host_space{});
+                                                                               host_space{});
     allreducer<C, error_feedback::none, mpi_communicator, allreduce_aggregator, host_space> ar(
         c, world, rs.padded_layout(), host_space{});
     for (int step = 0; step < 3; ++step) {

@@ -58,7 +58,8 @@ TEST_CASE("error feedback loses nothing over hundreds of steps") {
     for_each_compressor([&](auto c, double unit) {
       using C = decltype(c);
       local_group::run(ranks, [&](local_group::communicator& comm) {
-        host_reducer<C, error_feedback::residual, local_group::communicator> reduce(c, comm, odd_layout(1), host_space{});
+        host_reducer<C, error_feedback::residual, local_group::communicator> reduce(c, comm, odd_layout(1),
+                                                                                    host_space{});
         std::size_t const d = reduce.layout().size();
         std::vector<double> outputs(d, 0.0), inputs(d, 0.0), bound(d, 0.0);
         for (int step = 0; step < 200; ++step) {
@@ -146,7 +147,7 @@ TEST_CASE("extreme magnitudes come back finite and as accurate as ordinary ones"
       std::size_t const d = odd_layout(2).size();
       auto error_at = [&](float scale, std::size_t spike) {
         host_reducer<C, error_feedback::none, local_group::communicator> reduce(c, comm, odd_layout(2), host_space{},
-                                                                            {.seed = 9});
+                                                                                {.seed = 9});
         auto all = random_gradients(31, ranks, d);
         for (auto& x : all)
           for (auto& v : x) v *= scale;
@@ -169,8 +170,8 @@ TEST_CASE("extreme magnitudes come back finite and as accurate as ordinary ones"
       };
       double const ordinary = error_at(1.0f, d);
       INFO(C::name << ": error " << ordinary << " at scale 1");
-      if constexpr (std::is_same_v<C, fp16>) {  // fp16's own range: 6e-8 to 65504
-        CHECK(error_at(1e-30f, d) == doctest::Approx(1.0));  // underflows to zero (kept by error feedback)
+      if constexpr (std::is_same_v<C, fp16>) {                 // fp16's own range: 6e-8 to 65504
+        CHECK(error_at(1e-30f, d) == doctest::Approx(1.0));    // underflows to zero (kept by error feedback)
         CHECK_THROWS_AS(error_at(1e30f, d), nonfinite_error);  // beyond the lane: refused
       } else {
         CHECK(error_at(1e-30f, d) <= 1.5 * ordinary + 1e-3);
@@ -217,9 +218,8 @@ TEST_CASE("what one rank cannot use fails on every rank, and nobody hangs") {
                   "a GlobalRandK k beyond one rank's bucket");
   expect_all_fail(mpi_like_group::run(3,
                                       [](comm_t& comm) {
-                                        host_reducer<bf16, error_feedback::residual, comm_t> r(bf16{}, comm,
-                                                                                            bucket_layout(1000),
-                                                                                            host_space{});
+                                        host_reducer<bf16, error_feedback::residual, comm_t> r(
+                                            bf16{}, comm, bucket_layout(1000), host_space{});
                                         std::vector<float> g(comm.rank() == 0 ? 999 : 1000, 1.0f);
                                         r({g.data(), g.size()});
                                       }),
@@ -252,10 +252,10 @@ TEST_CASE("sizes that would wrap are refused with a clear error") {
   CHECK_THROWS_AS(twice.add({std::size_t{1} << 60}), invalid_argument);
   local_group::run(2, [](local_group::communicator& comm) {
     CHECK_THROWS_WITH_AS((host_reducer<topkc<>, error_feedback::residual, local_group::communicator>(
-                             topkc<>{.chunk_size = std::size_t{1} << 63}, comm, bucket_layout(1000),
-                             host_space{})),
+                             topkc<>{.chunk_size = std::size_t{1} << 63}, comm, bucket_layout(1000), host_space{})),
                          doctest::Contains("not a power of two in [1, 2^30]"), invalid_argument);
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)  // (their allocators abort on an exabyte instead of throwing bad_alloc)
+#if !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__SANITIZE_THREAD__)  // (their allocators abort on an exabyte instead of throwing bad_alloc)
     CHECK_THROWS_WITH_AS((host_reducer<bf16, error_feedback::residual, local_group::communicator>(
                              bf16{}, comm, bucket_layout(std::size_t{1} << 58), host_space{})),
                          doctest::Contains("cannot use this configuration"), invalid_argument);
@@ -268,10 +268,10 @@ TEST_CASE("changing the OpenMP thread count after construction changes nothing")
 #if GRADCOMP_HAS_OPENMP
   int const before = omp_get_max_threads();
   local_group::run(1, [](local_group::communicator& comm) {
-    host_reducer<topkc<>, error_feedback::residual, local_group::communicator> a(
-        topkc<>{.chunk_size = 8}, comm, bucket_layout(1 << 21), host_space{});
+    host_reducer<topkc<>, error_feedback::residual, local_group::communicator> a(topkc<>{.chunk_size = 8}, comm,
+                                                                                 bucket_layout(1 << 21), host_space{});
     host_reducer<topk<>, error_feedback::residual, local_group::communicator> b(topk<>{}, comm, bucket_layout(1 << 21),
-                                                                            host_space{});
+                                                                                host_space{});
     omp_set_num_threads(8 * omp_get_num_procs());
     auto g = random_gradient(1, 0, 1 << 21), h = g;
     CHECK_NOTHROW(a({g.data(), g.size()}));

@@ -12,8 +12,8 @@ TEST_CASE_TEMPLATE_INVOKE(quantize_bad_input, host_local);
 // The random permutation is a bijection: every coordinate exactly once.
 TEST_CASE("GlobalRandK's coordinate permutation is a bijection for any size") {
   for (std::uint64_t n : {1u, 2u, 3u, 17u, 1000u, 4096u, 4097u}) {
-    auto const p = gradcomp::random_permutation::make(
-        n, gradcomp::random_stream(n, 3, gradcomp::random_stream::shared));
+    auto const p =
+        gradcomp::random_permutation::make(n, gradcomp::random_stream(n, 3, gradcomp::random_stream::shared));
     std::vector<int> seen(n, 0);
     for (std::uint64_t k = 0; k < n; ++k) ++seen[p(k)];
     INFO("n = " << n);

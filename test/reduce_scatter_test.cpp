@@ -44,7 +44,7 @@ TEST_CASE("each rank's shard is bitwise the all-reduce path's slice, step after 
           INFO(C::name << ", " << ranks << " ranks, seed " << seed);
           host_scatterer<C> rs(c, world, odd_layout(4), host_space{}, {.warmup_steps = 1});
           host_reducer<C, error_feedback::residual, local_group::communicator> ar(c, world, rs.padded_layout(),
-                                                                                 host_space{}, {.warmup_steps = 1});
+                                                                                  host_space{}, {.warmup_steps = 1});
           std::size_t const d = rs.layout().size(), padded = rs.padded_layout().size();
           CHECK(padded % static_cast<std::size_t>(ranks) == 0);
           std::size_t covered = 0;  // the shards tile the bucket, in rank order
@@ -77,7 +77,7 @@ TEST_CASE("element-aligned payloads travel by one reduce-scatter: half the bytes
     std::size_t const d = 4096;
     host_scatterer<bf16> rs(bf16{}, world, bucket_layout(d), host_space{});
     host_reducer<bf16, error_feedback::residual, local_group::communicator> ar(bf16{}, world, bucket_layout(d),
-                                                                              host_space{});
+                                                                               host_space{});
     auto g = random_gradient(1, world.rank(), d), h = g;
     std::vector<float> shard(rs.shard_size());
     rs({g.data(), d}, {shard.data(), shard.size()});
@@ -125,7 +125,7 @@ TEST_CASE("16-bit buckets: the shard is bitwise the all-reduce path's slice") {
       INFO(C::name << ", seed " << seed);
       host_scatterer<C, bfloat16> rs(c, world, bucket_layout(5000), host_space{});
       host_reducer<C, error_feedback::residual, local_group::communicator> ar(c, world, rs.padded_layout(),
-                                                                             host_space{});
+                                                                              host_space{});
       for (int step = 0; step < 2; ++step) {
         auto const wide = random_gradient(seed + step, world.rank(), 5000);
         std::vector<bfloat16> g(wide.size());
@@ -180,7 +180,7 @@ TEST_CASE("a reduce-scatter run saved and restored continues bitwise; an all-red
     whole[world.rank()] = x;
     resumed[world.rank()] = y;
     host_reducer<C, error_feedback::residual, local_group::communicator> flat(C{}, world, b->padded_layout(),
-                                                                             host_space{});
+                                                                              host_space{});
     auto const other = flat.save();
     CHECK_THROWS_AS(b->restore(span<std::byte const>(other.data(), other.size())), checkpoint_error);
   });
@@ -201,7 +201,7 @@ TEST_CASE("any_reduce_scatterer gives bitwise the typed reduce_scatterer's shard
         using C = decltype(c);
         if constexpr (detail::shards_by_elements<C>) {
           reduce_scatterer<C, decltype(ef), local_group::communicator, host_space> typed(c, world, odd_layout(4),
-                                                                                      host_space{});
+                                                                                         host_space{});
           REQUIRE(chosen.shard_size() == typed.shard_size());
           CHECK(chosen.shard_offset() == typed.shard_offset());
           CHECK(chosen.fingerprint() == typed.fingerprint());
@@ -222,16 +222,15 @@ TEST_CASE("any_reduce_scatterer gives bitwise the typed reduce_scatterer's shard
   }
   local_group::run(3, [](local_group::communicator& world) {
     for (char const* text : {"powersgd", "topk"})  // their payloads cannot be cut into shards
-      CHECK_THROWS_WITH_AS(
-          (any_reduce_scatterer<local_group::communicator, host_space>(compressor_spec::parse(text), world,
-                                                                       bucket_layout(4096), host_space{})),
-          doctest::Contains("cannot reduce-scatter"), invalid_argument);
+      CHECK_THROWS_WITH_AS((any_reduce_scatterer<local_group::communicator, host_space>(
+                               compressor_spec::parse(text), world, bucket_layout(4096), host_space{})),
+                           doctest::Contains("cannot reduce-scatter"), invalid_argument);
     compressor_spec spec = compressor_spec::parse("thc");
     if (world.rank() == 1) spec.name = "thc2";  // a spec only one rank rejects
-    CHECK_THROWS_WITH_AS((any_reduce_scatterer<local_group::communicator, host_space>(spec, world, bucket_layout(4096),
-                                                                                      host_space{})),
-                         doctest::Contains("rank 1 cannot use this compressor_spec: compressor_spec: unknown compressor "
-                                           "'thc2'"),
-                         invalid_argument);
+    CHECK_THROWS_WITH_AS(
+        (any_reduce_scatterer<local_group::communicator, host_space>(spec, world, bucket_layout(4096), host_space{})),
+        doctest::Contains("rank 1 cannot use this compressor_spec: compressor_spec: unknown compressor "
+                          "'thc2'"),
+        invalid_argument);
   });
 }

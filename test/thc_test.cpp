@@ -31,7 +31,8 @@ TEST_CASE("partial and full Walsh-Hadamard rotations keep norms and invert") {
       for (int s = 0; s < stages; ++s)
         for (std::size_t q = 0; q < block / 2; ++q) thc_butterfly(pairwise.data(), q, s);
       std::size_t differ = 0;
-      for (std::size_t i = 0; i < block; ++i) differ += std::bit_cast<std::uint32_t>(y[i]) != std::bit_cast<std::uint32_t>(pairwise[i]);
+      for (std::size_t i = 0; i < block; ++i)
+        differ += std::bit_cast<std::uint32_t>(y[i]) != std::bit_cast<std::uint32_t>(pairwise[i]);
       CHECK(differ == 0);
 
       float const scale = thc_rotation_scale(stages);

@@ -45,8 +45,7 @@ TEST_CASE("TopK-Chunked's verify mode catches ranks that select different chunks
     local_group::run(4, [&](local_group::communicator& comm) {
       skewed_collective<local_group::communicator> faulty(comm);
       allreducer<topkc<>, error_feedback::residual, decltype(faulty)> reduce(
-          topkc<>{.chunk_size = 64, .chunks = 3, .verify_selection = verify}, faulty, bucket_layout(d),
-          host_space{});
+          topkc<>{.chunk_size = 64, .chunks = 3, .verify_selection = verify}, faulty, bucket_layout(d), host_space{});
       auto g = random_gradient(11, comm.rank(), d);
       g[0] = 0.0f;  // chunk 0 is not among the largest unless the fault puts it there
       std::fill_n(g.begin(), 64, 0.0f);

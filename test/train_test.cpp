@@ -231,7 +231,7 @@ TEST_CASE("a sharded optimizer updates each rank's shard and all-gathers the wei
     o.checkpoint = (dir / "wide").string();
     o.checkpoint_every = 20;
     run_local(o);  // leaves step 40's files
-    {  // each rank's momentum is its shard's: the ranks' lengths add up to the model's
+    {              // each rank's momentum is its shard's: the ranks' lengths add up to the model's
       std::uint64_t weights = 0, momenta = 0;
       for (int r = 0; r < 4; ++r) {
         std::ifstream in(train::checkpoint::file(o.checkpoint, r), std::ios::binary);
@@ -256,7 +256,8 @@ TEST_CASE("a sharded optimizer updates each rank's shard and all-gathers the wei
     early.max_steps = 20;
     early.checkpoint = (dir / "early").string();
     run_local(early);  // step 20's files
-    std::filesystem::copy_file(dir / "early.rank2", dir / "wide.rank2", std::filesystem::copy_options::overwrite_existing);
+    std::filesystem::copy_file(dir / "early.rank2", dir / "wide.rank2",
+                               std::filesystem::copy_options::overwrite_existing);
     other.gather_dtype = "fp32";
     CHECK_THROWS_WITH(run_local(other), doctest::Contains("of different steps (rank 0: 40, rank 2: 20)"));
   }

@@ -29,7 +29,7 @@ inline constexpr char const* flat_rows[] = {
     // THC: rotation blocks of 256, 1024, 4096 (full rotation) at 2, 4, 8 bits
     // (8 bits takes 32-bit lanes on 4 ranks), then partial rotation: fewer
     // butterfly stages within the 1024-element block.
-    "thc:bits=2,block=256", "thc:bits=4,block=256", "thc:bits=8,block=256",  //
+    "thc:bits=2,block=256", "thc:bits=4,block=256", "thc:bits=8,block=256",     //
     "thc:bits=2,block=1024", "thc:bits=4,block=1024", "thc:bits=8,block=1024",  //
     "thc:bits=2,block=4096", "thc:bits=4,block=4096", "thc:bits=8,block=4096",  //
     "thc:bits=4,block=1024,stages=5", "thc:bits=4,block=1024,stages=3",

@@ -35,9 +35,8 @@ class timed_collective {
   }
 
   template <gradcomp::wire_type T>
-  void reduce_scatter(T const* send, T* recv, std::size_t count, gradcomp::reduce_op op)
-    requires gradcomp::reduce_scattering<Inner>
-  {
+  void reduce_scatter(T const* send, T* recv, std::size_t count,
+                      gradcomp::reduce_op op) requires gradcomp::reduce_scattering<Inner> {
     timed(count * sizeof(T) * size(), [&] { inner_.reduce_scatter(send, recv, count, op); });
   }
 

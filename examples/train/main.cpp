@@ -75,7 +75,8 @@ std::string compressor_flags() {
     left.resize(std::max<std::size_t>(left.size() + 1, 21), ' ');
     return "  " + left + right + "\n";
   };
-  std::string out = row("--compressor SPEC", "NAME or NAME:key=value,... (bf16): " + gradcomp::compressor_spec::names());
+  std::string out =
+      row("--compressor SPEC", "NAME or NAME:key=value,... (bf16): " + gradcomp::compressor_spec::names());
   auto takers = [](std::string_view key) {
     std::string who;
     gradcomp::for_each_registered([&]<class C>(std::type_identity<C>) {
@@ -86,14 +87,17 @@ std::string compressor_flags() {
   gradcomp::compressor_spec{}.for_each_key([&](char const* key, auto const&) {
     out += row(flag_of(key) + " V", takers(key) + ": the spec's " + key + " (the compressor's default)");
   });
-  out += row("--lane auto|int8|int32", takers("lane") + ": the integer lane (auto: the narrowest that cannot overflow)");
-  out += row("--ef on|off", "residual error feedback (default: the compressor's; off for the unbiased baselines and qsgd)");
+  out +=
+      row("--lane auto|int8|int32", takers("lane") + ": the integer lane (auto: the narrowest that cannot overflow)");
+  out += row("--ef on|off",
+             "residual error feedback (default: the compressor's; off for the unbiased baselines and qsgd)");
   out += row("--list-compressors", "print the compressor names, one per line");
   return out;
 }
 
 std::string flags() {
-  return "usage: train [flags]\n" + compressor_flags() + R"(  --warmup N           first N steps send the plain fp32 mean (0)
+  return "usage: train [flags]\n" + compressor_flags() +
+         R"(  --warmup N           first N steps send the plain fp32 mean (0)
   --overlap on|off|auto  reduce each bucket while the backward pass goes on (auto, the default: on where this
                        host has a spare core per rank for the reductions; local and mpi backends)
   --grad-dtype T       how gradients are stored and reduced: fp32 (default) or bf16 (local and mpi)
@@ -169,15 +173,13 @@ cli parse(int argc, char** argv) {
     else if (flag == "--list-compressors") {
       gradcomp::for_each_registered([]<class C>(std::type_identity<C>) { std::cout << C::name << "\n"; });
       std::exit(0);
-    }
-    else if (flag == "--warmup")
+    } else if (flag == "--warmup")
       c.o.warmup = std::stoull(value());
     else if (flag == "--overlap") {
       std::string const v = value();
       c.overlap_auto = v == "auto";
       if (!c.overlap_auto) c.o.overlap = boolean(flag, v);
-    }
-    else if (flag == "--grad-dtype") {
+    } else if (flag == "--grad-dtype") {
       c.o.grad_dtype = value();
       if (c.o.grad_dtype != "fp32" && c.o.grad_dtype != "bf16")
         usage("--grad-dtype takes fp32 or bf16, not '" + c.o.grad_dtype + "'");
@@ -191,15 +193,13 @@ cli parse(int argc, char** argv) {
       std::string const t = value();
       if (t != "fp32" && t != "bf16") usage("--node-dtype takes fp32 or bf16, not '" + t + "'");
       c.o.bf16_within_node = t == "bf16";
-    }
-    else if (flag == "--shard-optimizer")
+    } else if (flag == "--shard-optimizer")
       c.o.shard_optimizer = true;
     else if (flag == "--gather-dtype") {
       c.o.gather_dtype = value();
       if (c.o.gather_dtype != "fp32" && c.o.gather_dtype != "bf16")
         usage("--gather-dtype takes fp32 or bf16, not '" + c.o.gather_dtype + "'");
-    }
-    else if (flag == "--checkpoint")
+    } else if (flag == "--checkpoint")
       c.o.checkpoint = value();
     else if (flag == "--checkpoint-every")
       c.o.checkpoint_every = std::stoul(value());
@@ -208,8 +208,7 @@ cli parse(int argc, char** argv) {
     else if (flag == "--help") {
       std::cout << flags();
       std::exit(0);
-    }
-    else if (flag == "--backend")
+    } else if (flag == "--backend")
       c.backend = value();
     else if (flag == "--ranks")
       c.o.ranks = std::stoi(value());
@@ -277,7 +276,8 @@ void report(cli const& c, int ranks, train::result const& r) {
   std::string const to_target = r.time_to_target < 0 ? "not-reached" : std::to_string(r.time_to_target);
   std::string const steps_to = r.steps_to_target == 0 ? "not-reached" : std::to_string(r.steps_to_target);
   std::printf(
-      "summary: compressor=%s ranks=%d ranks_per_node=%d backend=%s overlap=%s grad_dtype=%s optimizer=%s%s target=%.3f "
+      "summary: compressor=%s ranks=%d ranks_per_node=%d backend=%s overlap=%s grad_dtype=%s optimizer=%s%s "
+      "target=%.3f "
       "time_to_target_s=%s "
       "steps_to_target=%s final_accuracy=%.4f steps=%zu wire_bytes_per_step=%zu compress_share=%.3f "
       "exposed_share=%.3f weights=%016llx\n",

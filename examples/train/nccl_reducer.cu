@@ -11,7 +11,9 @@ namespace {
 class device_reducer : public reducer {
  public:
   device_reducer(options const& o, gradcomp::nccl_communicator& comm, gradcomp::bucket_layout const& layout)
-      : space_{comm.stream()}, gradient_(layout.size(), space_), reduce_(o.spec(), comm, layout, {.warmup_steps = o.warmup}) {}
+      : space_{comm.stream()},
+        gradient_(layout.size(), space_),
+        reduce_(o.spec(), comm, layout, {.warmup_steps = o.warmup}) {}
 
   // The whole model is one bucket on the GPU, reduced once the backward pass
   // (on the host) is done.

@@ -20,8 +20,8 @@
 #include <optional>
 #include <random>
 #include <stdexcept>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace train {
@@ -88,10 +88,10 @@ struct record {
 /// A run, as rank 0 saw it.
 struct result {
   std::vector<record> records;
-  double time_to_target = -1;  ///< Training seconds until test accuracy >= target; -1: not reached.
+  double time_to_target = -1;       ///< Training seconds until test accuracy >= target; -1: not reached.
   std::size_t steps_to_target = 0;  ///< Steps until test accuracy >= target; 0: not reached.
   std::size_t wire_bytes_per_step = 0;
-  std::uint64_t weights_hash = 0;   ///< FNV-1a of the final weights' bits.
+  std::uint64_t weights_hash = 0;  ///< FNV-1a of the final weights' bits.
 };
 
 /// How a rank's gradients reach the other ranks. The backward pass hands
@@ -161,7 +161,7 @@ class host_reducer : public reducer {
   host_reducer(options const& o, Collective& comm, gradcomp::bucket_layout const& layout)
       : layout_(layout), timed_(comm) {
     gradcomp::host_space const one{.threads = 1};  // the ranks are the threads
-    if (o.ranks_per_node > 0) {  // two levels: nodes of ranks_per_node ranks, rails across them
+    if (o.ranks_per_node > 0) {                    // two levels: nodes of ranks_per_node ranks, rails across them
       nodes_ = std::make_unique<two_levels<Collective>>(comm, o.ranks_per_node);
       reduce_ = std::make_unique<model_reducer>(shapes(layout), nodes_->groups, o.reducer_options(), one);
     } else {
@@ -292,8 +292,9 @@ class sharded_reducer : public reducer {
   std::vector<gradcomp::element_range> owned(std::size_t) const override {
     std::vector<gradcomp::element_range> out;
     for (bucket const& b : buckets_)
-      for_each_run(b, b.scatter->shard_offset(), b.shard.size(),
-                   [&](std::size_t flat, std::size_t, std::size_t n) { out.push_back({flat, n}); });
+      for_each_run(b, b.scatter->shard_offset(), b.shard.size(), [&](std::size_t flat, std::size_t, std::size_t n) {
+        out.push_back({flat, n});
+      });
     return out;
   }
   void share(float* weights) override {
@@ -375,11 +376,11 @@ class sharded_reducer : public reducer {
     std::vector<std::size_t> tensors;  // layout indices, in bucket order
     gradcomp::bucket_layout layout;
     std::unique_ptr<scatterer> scatter;
-    std::vector<G> values, shard;      // the bucket's gradient; this rank's shard of the mean
-    std::size_t slot = 0;              // elements each rank sends in the weights' all-gather
-    std::vector<float> send, gathered; // that all-gather's buffers (fp32) ...
+    std::vector<G> values, shard;                        // the bucket's gradient; this rank's shard of the mean
+    std::size_t slot = 0;                                // elements each rank sends in the weights' all-gather
+    std::vector<float> send, gathered;                   // that all-gather's buffers (fp32) ...
     std::vector<gradcomp::bfloat16> send16, gathered16;  // ... or bf16
-    std::size_t waiting = 0;           // tensors not yet ready this step
+    std::size_t waiting = 0;                             // tensors not yet ready this step
   };
 
   // All-gathers every rank's shard of `weights` as T into `weights`.
@@ -478,7 +479,8 @@ struct checkpoint {
     std::uint64_t sizes[3];
     get(m, sizeof m);
     if (std::memcmp(m, magic, sizeof m) != 0) throw std::runtime_error(path + " is not a training checkpoint");
-    get(&c.step, 8), get(&c.wall_s, 8), get(&c.loss_sum, 8), get(&c.loss_count, 8), get(&c.wire, 8), get(sizes, sizeof sizes);
+    get(&c.step, 8), get(&c.wall_s, 8), get(&c.loss_sum, 8), get(&c.loss_count, 8), get(&c.wire, 8),
+        get(sizes, sizeof sizes);
     if (sizes[0] != d)
       throw std::runtime_error("the checkpoint " + path + " is of a model of " + std::to_string(sizes[0]) +
                                " parameters; this one has " + std::to_string(d));
@@ -581,12 +583,9 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
     for (float& x : model.params()) x = static_cast<float>(gradcomp::bfloat16(x));
   }
   auto const start = clock::now();
-  auto wall = [&] {
-    return resumed_wall + std::chrono::duration<double>(clock::now() - start).count() - eval_seconds;
-  };
+  auto wall = [&] { return resumed_wall + std::chrono::duration<double>(clock::now() - start).count() - eval_seconds; };
   std::int32_t stop = 0;
-  for (std::size_t step = first_step; step < total_steps && !stop && (o.max_steps == 0 || step < o.max_steps);
-       ++step) {
+  for (std::size_t step = first_step; step < total_steps && !stop && (o.max_steps == 0 || step < o.max_steps); ++step) {
     std::size_t const in_epoch = step % steps_per_epoch;
     if (in_epoch == 0) shuffle(step / steps_per_epoch);
     for (std::size_t b = 0; b < o.batch; ++b) {
@@ -643,8 +642,8 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
         eval_seconds += std::chrono::duration<double>(clock::now() - eval_start).count();
         double const comm_s = reduce->comm_seconds();
         out.records.push_back({step + 1, static_cast<double>(step + 1) / steps_per_epoch, now,
-                               std::max(0.0, reduce->reduction_seconds() - comm_s), comm_s, wire, loss_sum / loss_count, acc,
-                               exposed_seconds});
+                               std::max(0.0, reduce->reduction_seconds() - comm_s), comm_s, wire, loss_sum / loss_count,
+                               acc, exposed_seconds});
         if (acc >= o.target && out.time_to_target < 0) out.time_to_target = now, out.steps_to_target = step + 1;
         stop = (o.stop_at_target && out.time_to_target >= 0) || (o.time_budget > 0 && now >= o.time_budget);
       }

@@ -86,7 +86,6 @@ GRADCOMP_HOST_DEVICE float uniform16(uint4x32 const& words, unsigned j) {
   return to_unit_float16(word_of(words, j / 2) >> (16 * (j & 1u)));
 }
 
-
 /// What a stream of random numbers is for. Each purpose draws from a key of
 /// its own, derived from the seed.
 enum class random_purpose : std::uint32_t {
@@ -120,8 +119,7 @@ class random_stream {
 
   /// The four random words of block `index`.
   GRADCOMP_HOST_DEVICE uint4x32 operator()(std::uint64_t index) const {
-    uint4x32 const counter{
-        {static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32), step_, lane_}};
+    uint4x32 const counter{{static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32), step_, lane_}};
     return philox4x32_10(counter, key_);
   }
 
@@ -140,9 +138,9 @@ class random_stream {
 /// steps on average). Its first K images are K distinct random elements;
 /// from a shared stream every rank computes the same ones.
 struct random_permutation {
-  std::uint64_t n;       ///< Size of the permuted range.
-  int half_bits;         ///< h: each Feistel half has h bits.
-  std::uint32_t keys[4]; ///< Round keys, from the stream's block 0.
+  std::uint64_t n;        ///< Size of the permuted range.
+  int half_bits;          ///< h: each Feistel half has h bits.
+  std::uint32_t keys[4];  ///< Round keys, from the stream's block 0.
 
   /// The permutation of [0, n) that `stream` draws.
   static random_permutation make(std::uint64_t n, random_stream const& stream) {

@@ -53,9 +53,7 @@ GRADCOMP_HOST_DEVICE std::uint32_t select(bool pick, std::uint32_t a, std::uint3
 }
 
 /// |x| <= limit, false for NaN: one comparison, so loops vectorize.
-GRADCOMP_HOST_DEVICE bool within(float x, float limit) {
-  return bits_float(float_bits(x) & 0x7fffffffu) <= limit;
-}
+GRADCOMP_HOST_DEVICE bool within(float x, float limit) { return bits_float(float_bits(x) & 0x7fffffffu) <= limit; }
 
 /// True for a finite float.
 GRADCOMP_HOST_DEVICE bool is_finite(float x) { return within(x, 3.40282347e38f); }

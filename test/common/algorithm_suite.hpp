@@ -69,8 +69,8 @@ TEST_CASE_TEMPLATE_DEFINE("transform runs every element through every kind of st
   Space const space{};
   std::mt19937 rng(std::random_device{}());
   std::normal_distribution<float> normal;
-  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{4099},
-                        std::size_t{100003}}) {
+  for (std::size_t n :
+       {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{4099}, std::size_t{100003}}) {
     for (std::size_t skew : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {  // unaligned views
       INFO("n " << n << ", skew " << skew);
       std::vector<float> a(n + skew), b(n + skew);
@@ -151,8 +151,8 @@ TEST_CASE_TEMPLATE_DEFINE("segmented_reduce equals the canonical order bit for b
   std::normal_distribution<float> normal;
   std::uniform_int_distribution<int> exponent(-40, 40);
   for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{129}, std::size_t{4097}, std::size_t{300001}}) {
-    for (std::size_t segment : {std::size_t{1}, std::size_t{6}, std::size_t{256}, std::size_t{4096},
-                                std::size_t{5000}, std::size_t{1} << 20}) {
+    for (std::size_t segment : {std::size_t{1}, std::size_t{6}, std::size_t{256}, std::size_t{4096}, std::size_t{5000},
+                                std::size_t{1} << 20}) {
       for (std::size_t skew : {std::size_t{0}, std::size_t{1}}) {
         INFO("n " << n << ", segment " << segment << ", skew " << skew);
         std::vector<float> a(n + skew), b(n + skew);
@@ -190,9 +190,8 @@ TEST_CASE_TEMPLATE_DEFINE("segmented_reduce equals the canonical order bit for b
             } else {  // tiles of the segment, the missing ones of a short segment as zeros
               std::vector<double> tiles((segment + 4095) / 4096, 0.0);
               for (std::size_t t = 0; t * 4096 < values.size(); ++t)
-                tiles[t] = canonical({values.begin() + t * 4096,
-                                      values.begin() + std::min(values.size(), (t + 1) * 4096)},
-                                     max);
+                tiles[t] = canonical(
+                    {values.begin() + t * 4096, values.begin() + std::min(values.size(), (t + 1) * 4096)}, max);
               expected = canonical(tiles, max);
             }
             wrong += totals[j] == expected ? 0 : 1;

@@ -27,7 +27,9 @@ struct catalogue {
 template <class W>
 struct catalogue<cast<W>> {
   static cast<W> make() { return {}; }
-  static constexpr double unit = std::is_same_v<W, float> ? 0x1.0p-23 : std::is_same_v<W, bfloat16> ? 0x1.0p-8 : 0x1.0p-10;
+  static constexpr double unit = std::is_same_v<W, float>      ? 0x1.0p-23
+                                 : std::is_same_v<W, bfloat16> ? 0x1.0p-8
+                                                               : 0x1.0p-10;
 };
 template <>
 struct catalogue<topkc<>> {

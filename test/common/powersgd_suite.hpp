@@ -211,8 +211,7 @@ TEST_CASE_TEMPLATE_DEFINE("PowerSGD on four ranks: identical outputs, projection
       double magnitude = std::fabs(grads[0][i]);  // the sum's rounding is relative to this
       for (int r = 1; r < n; ++r) sum += grads[r][i] * inverse, magnitude += std::fabs(grads[r][i]);
       bool const local = std::is_same_v<typename Setup::world, local_world>;
-      plain_wrong +=
-          (local ? same_bits(out[i], sum) : std::fabs(out[i] - mean[i]) <= 1e-6 * magnitude / n) ? 0 : 1;
+      plain_wrong += (local ? same_bits(out[i], sum) : std::fabs(out[i] - mean[i]) <= 1e-6 * magnitude / n) ? 0 : 1;
     }
     CHECK(plain_wrong == 0);
     CHECK(reduce.wire_bytes() == ((64 * 3 + 80 + 48 + 30) + 80 * 3) * 4 + 8);

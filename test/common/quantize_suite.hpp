@@ -194,8 +194,7 @@ TEST_CASE_TEMPLATE_DEFINE("integer quantizers refuse bad configurations and inpu
                          invalid_argument);
     CHECK_NOTHROW(qsgd<>{.bits = 4}.validate(layout, 8));  // 8 x 15 = 120 fits
     CHECK_NOTHROW(qsgd<std::int32_t>{.bits = 5}.validate(layout, 8));
-    CHECK_THROWS_WITH_AS((qsgd<>{.bits = 8}.validate(layout, 1)), doctest::Contains("outside 1..7"),
-                         invalid_argument);
+    CHECK_THROWS_WITH_AS((qsgd<>{.bits = 8}.validate(layout, 1)), doctest::Contains("outside 1..7"), invalid_argument);
     CHECK_THROWS_WITH_AS((intsgd<>{}.validate(layout, 200)),
                          doctest::Contains("200 ranks leave no room in the int8 lane (8 bits)"), invalid_argument);
     CHECK_NOTHROW(intsgd<std::int32_t>{}.validate(layout, 200));
@@ -207,14 +206,14 @@ TEST_CASE_TEMPLATE_DEFINE("integer quantizers refuse bad configurations and inpu
     if (n > 1) {  // the check at construction names this world's rank count
       using reducer = allreducer<qsgd<>, error_feedback::residual, collective_t, allreduce_aggregator, S>;
       std::string const expected = std::to_string(n) + " ranks x codes up to +-127 (7 bits)";
-      CHECK_THROWS_WITH_AS(reducer(qsgd<>{.bits = 7}, comm, layout, space),
-                           doctest::Contains(expected.c_str()), invalid_argument);
+      CHECK_THROWS_WITH_AS(reducer(qsgd<>{.bits = 7}, comm, layout, space), doctest::Contains(expected.c_str()),
+                           invalid_argument);
     }
 
     for_each_quantizer([&](auto c) {
       INFO(c.name);
       allreducer<decltype(c), error_feedback::residual, collective_t, allreduce_aggregator, S> reduce(c, comm, layout,
-                                                                                                       space);
+                                                                                                      space);
       auto zeros = upload(space, std::vector<float>(1000, 0.0f));
       reduce(zeros.view());
       auto const out = download(space, zeros.data(), 1000);

@@ -19,15 +19,17 @@
 namespace {
 
 using namespace gradcomp;
-using reducer = allreducer<powersgd<>, error_feedback::residual, single_rank<host_space>, allreduce_aggregator,
-                           host_space>;
+using reducer =
+    allreducer<powersgd<>, error_feedback::residual, single_rank<host_space>, allreduce_aggregator, host_space>;
 
 struct state {
   single_rank<host_space> world;
   reducer reduce;
   std::vector<std::byte> pristine;
 
-  state() : reduce(powersgd<>{.matrix_rank = 2, .min_compression_rate = 1}, world, layout(), host_space{}, {.warmup_steps = 1}) {
+  state()
+      : reduce(powersgd<>{.matrix_rank = 2, .min_compression_rate = 1}, world, layout(), host_space{},
+               {.warmup_steps = 1}) {
     std::vector<float> g(reduce.layout().size());
     for (int step = 0; step < 3; ++step) {
       for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>((i * 7 + step) % 13) - 6.0f;

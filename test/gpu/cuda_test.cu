@@ -191,8 +191,8 @@ TEST_CASE("a THC reduce-scatter decodes each rank's blocks bitwise as the host d
   for (std::size_t block : {std::size_t{256}, std::size_t{64}}) {  // the register kernel, the shared-memory one
     gradcomp::local_group::run(4, [&](gradcomp::local_group::communicator& comm) {
       // 100003 is not a whole number of blocks: the last shard is short.
-      expect_device_shards_as_host("thc, block " + std::to_string(block), gradcomp::thc<>{.block = block}, comm,
-                                   100003, 3);
+      expect_device_shards_as_host("thc, block " + std::to_string(block), gradcomp::thc<>{.block = block}, comm, 100003,
+                                   3);
     });
   }
 }

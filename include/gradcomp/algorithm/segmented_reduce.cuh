@@ -66,9 +66,8 @@ __device__ __forceinline__ unsigned reduce_four(Op const& op, In const& in, std:
 }
 
 template <reduction R, class Op, class In, class Out>
-__global__ void __launch_bounds__(reduce_threads)
-    reduce_first_kernel(std::size_t n, std::size_t segment, In in, Op op, Out out, unsigned long long* count,
-                        float limit) {
+__global__ void __launch_bounds__(reduce_threads) reduce_first_kernel(std::size_t n, std::size_t segment, In in, Op op,
+                                                                      Out out, unsigned long long* count, float limit) {
   unsigned const lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   std::size_t const ranges = (n + segment - 1) / segment * tiles_per_segment(segment);
   auto const bound = bind_op(op);

@@ -127,9 +127,9 @@ __global__ void __launch_bounds__(Threads)
 }
 
 template <class Key, class Emit>
-__global__ void __launch_bounds__(select_threads) select_emit_kernel(std::size_t n, Key key, Emit emit,
-                                                                     std::uint64_t const* state,
-                                                                     std::uint64_t const* tile_offsets) {
+__global__ void __launch_bounds__(select_threads)
+    select_emit_kernel(std::size_t n, Key key, Emit emit, std::uint64_t const* state,
+                       std::uint64_t const* tile_offsets) {
   using scan = cub::BlockScan<std::uint64_t, select_threads>;
   __shared__ typename scan::TempStorage temp;
   std::uint32_t const threshold = static_cast<std::uint32_t>(state[0]);

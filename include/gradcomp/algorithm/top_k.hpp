@@ -102,8 +102,8 @@ template <class Memory>
 std::size_t top_k_scratch_bytes(std::size_t n) {
   workspace_carver<Memory> measure;
   if constexpr (std::is_same_v<Memory, host_memory>)
-    measure.template take<std::uint32_t>(detail::checked_mul(
-        detail::host_select_bins(n), static_cast<std::size_t>(host_thread_capacity()), "top_k"));
+    measure.template take<std::uint32_t>(
+        detail::checked_mul(detail::host_select_bins(n), static_cast<std::size_t>(host_thread_capacity()), "top_k"));
   else
     detail::carve_device_select(measure, n);
   return measure.bytes();

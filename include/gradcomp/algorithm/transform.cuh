@@ -238,7 +238,8 @@ __global__ void __launch_bounds__(transform_threads)
     } else if (count_here == N) {
       bad += transform_items<N>(bound, rin, rout, first, in_seq{}, out_seq{});
     } else {
-      for (std::size_t k = 0; k < count_here; ++k) bad += transform_one(bound, rin, rout, first + k, in_seq{}, out_seq{});
+      for (std::size_t k = 0; k < count_here; ++k)
+        bad += transform_one(bound, rin, rout, first + k, in_seq{}, out_seq{});
     }
   }
   if (count != nullptr) {

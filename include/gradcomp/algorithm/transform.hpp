@@ -179,7 +179,8 @@ void host_transform(host_space const& space, std::size_t n, pack<I...> const& in
       continue;
     }
     [[maybe_unused]] auto const rin = resolve_all(in);
-    [[maybe_unused]] alignas(64) float uniforms[host_chunk];  // noise streams' chunk (each stream its own would need more; one suffices)
+    [[maybe_unused]] alignas(
+        64) float uniforms[host_chunk];  // noise streams' chunk (each stream its own would need more; one suffices)
     [[maybe_unused]] alignas(64) float staging[(is_widened<O> || ...) ? sizeof...(O) : 1][host_chunk];
     auto const cin = make_pack(host_input(get<Is>(rin), begin, len, uniforms)...);
     auto cout = make_pack(host_output(get<Os>(rout), begin, staging[(is_widened<O> || ...) ? Os : 0])...);

@@ -19,11 +19,11 @@
 
 #include <algorithm>
 #include <condition_variable>
-#include <cstdint>
-#include <map>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -314,7 +314,7 @@ class local_group {
     std::string reason;
     int first_failed_rank = -1;
     std::map<std::pair<std::uint64_t, int>, std::shared_ptr<shared_state>> made;  // a split's groups, while it runs
-    std::vector<std::weak_ptr<shared_state>> children;                          // groups split from this one
+    std::vector<std::weak_ptr<shared_state>> children;                            // groups split from this one
 
     // A barrier that runs `last` (under the lock) when the last rank arrives,
     // and that abort() breaks.

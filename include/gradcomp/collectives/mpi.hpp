@@ -211,8 +211,8 @@ class mpi_communicator {
     if constexpr (std::is_same_v<T, half> || std::is_same_v<T, bfloat16>) {
       // Created on first use (MPI is initialized by then) and kept for the
       // life of the process, like MPI's own operators.
-      static MPI_Op const ops[3] = {make_op<combine16<T, reduce_op::sum>>(), make_op<combine16<T, reduce_op::max>>(),
-                                    make_op<combine16<T, reduce_op::min>>()};
+      static MPI_Op const ops[3] = {make_op<combine16<T, reduce_op::sum> >(), make_op<combine16<T, reduce_op::max> >(),
+                                    make_op<combine16<T, reduce_op::min> >()};
       return ops[static_cast<int>(op)];
     } else {
       return op == reduce_op::sum ? MPI_SUM : op == reduce_op::max ? MPI_MAX : MPI_MIN;

@@ -85,7 +85,8 @@ struct compressor_spec {
   }
   template <class F>
   void for_each_key(F&& f) const {
-    const_cast<compressor_spec*>(this)->for_each_key([&](char const* key, auto& field) { f(key, std::as_const(field)); });
+    const_cast<compressor_spec*>(this)->for_each_key(
+        [&](char const* key, auto& field) { f(key, std::as_const(field)); });
   }
 
   /// Whether this spec uses error feedback.

@@ -134,16 +134,14 @@ class checkpoint_reader {
   /// Throws unless the body was read to its end.
   void finish() const {
     if (at_ != body_.size())
-      throw checkpoint_error("checkpoint: " + std::to_string(body_.size() - at_) +
-                             " unexpected bytes after the state");
+      throw checkpoint_error("checkpoint: " + std::to_string(body_.size() - at_) + " unexpected bytes after the state");
   }
 
  private:
   span<std::byte const> take(std::uint64_t bytes, char const* what) {
     if (bytes > body_.size() - at_)
       throw checkpoint_error(std::string("checkpoint: the body ends before ") + what + " (" +
-                             std::to_string(body_.size() - at_) + " bytes left, " + std::to_string(bytes) +
-                             " needed)");
+                             std::to_string(body_.size() - at_) + " bytes left, " + std::to_string(bytes) + " needed)");
     span<std::byte const> out(body_.data() + at_, static_cast<std::size_t>(bytes));
     at_ += static_cast<std::size_t>(bytes);
     return out;
@@ -171,7 +169,7 @@ inline span<std::byte const> open(span<std::byte const> bytes, checkpoint_identi
   auto fail = [](std::string const& why) { throw checkpoint_error("checkpoint: " + why); };
   if (bytes.size() < sizeof checkpoint_magic || std::memcmp(bytes.data(), checkpoint_magic, 8) != 0)
     fail(bytes.size() < sizeof checkpoint_magic ? "truncated: " + std::to_string(bytes.size()) + " bytes"
-                                                 : std::string("not a gradcomp checkpoint (no magic)"));
+                                                : std::string("not a gradcomp checkpoint (no magic)"));
   if (bytes.size() < checkpoint_header_bytes + 8)
     fail("truncated: " + std::to_string(bytes.size()) + " bytes, shorter than the header");
   auto u32 = [&](std::size_t at) {
@@ -203,8 +201,9 @@ inline span<std::byte const> open(span<std::byte const> bytes, checkpoint_identi
   if (rank != expected.rank)
     fail("saved by rank " + std::to_string(rank) + ", restored on rank " + std::to_string(expected.rank));
   if (fingerprint != expected.fingerprint)
-    fail("saved with a different configuration (compressor, its parameters, tensor shapes, error feedback, "
-         "aggregator or options)");
+    fail(
+        "saved with a different configuration (compressor, its parameters, tensor shapes, error feedback, "
+        "aggregator or options)");
   return bytes.subspan(checkpoint_header_bytes, static_cast<std::size_t>(length));
 }
 

@@ -37,7 +37,7 @@ struct resources_of {
   using type = no_resources;
 };
 template <class C, class Space>
-  requires requires { typename C::template resources<Space>; }
+requires requires { typename C::template resources<Space>; }
 struct resources_of<C, Space> {
   using type = typename C::template resources<Space>;
 };
@@ -101,19 +101,21 @@ using archetype_context = step_context<host_space, detail::archetype_collective,
 /// state_problem(bytes) says why checkpointed bytes cannot be that state
 /// (null where they can), so a restore refuses them.
 template <class C>
-concept compressor =
-    std::copyable<C> && requires(C const& c, bucket_layout const& layout, int ranks,
-                                 workspace_carver<host_memory>& carver, archetype_context<C>& ctx, span<float> g) {
-      { C::name } -> std::convertible_to<std::string_view>;
-      { C::summable_payload } -> std::convertible_to<bool>;
-      { C::sharding } -> std::convertible_to<shard_kind>;
-      requires C::sharding != shard_kind::elements || requires { { c.shard_alignment() } -> std::same_as<std::size_t>; };
-      c.validate(layout, ranks);
-      { c.fingerprint() } -> std::same_as<std::uint64_t>;
-      c.template carve<allreduce_aggregator>(carver, layout, ranks);
-      { c.template wire_bytes<allreduce_aggregator>(layout, ranks) } -> std::same_as<std::size_t>;
-      c.step(ctx, g);
-    };
+concept compressor = std::copyable<C> &&
+    requires(C const& c, bucket_layout const& layout, int ranks, workspace_carver<host_memory>& carver,
+             archetype_context<C>& ctx, span<float> g) {
+  { C::name } -> std::convertible_to<std::string_view>;
+  { C::summable_payload } -> std::convertible_to<bool>;
+  { C::sharding } -> std::convertible_to<shard_kind>;
+  requires C::sharding != shard_kind::elements || requires {
+    { c.shard_alignment() } -> std::same_as<std::size_t>;
+  };
+  c.validate(layout, ranks);
+  { c.fingerprint() } -> std::same_as<std::uint64_t>;
+  c.template carve<allreduce_aggregator>(carver, layout, ranks);
+  { c.template wire_bytes<allreduce_aggregator>(layout, ranks) } -> std::same_as<std::size_t>;
+  c.step(ctx, g);
+};
 
 namespace detail {
 

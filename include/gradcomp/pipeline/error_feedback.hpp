@@ -80,8 +80,8 @@ struct residual {
 
   /// The residual's view for a step.
   struct ref {
-    float* buffers[2];            ///< The two sides.
-    std::uint32_t const* current; ///< Which side holds the committed residual.
+    float* buffers[2];             ///< The two sides.
+    std::uint32_t const* current;  ///< Which side holds the committed residual.
 
     /// e of the last committed step, to read (from element `offset` on).
     GRADCOMP_HOST_DEVICE selected<float const> previous(std::size_t offset = 0) const {

@@ -90,8 +90,7 @@ inline void throw_step_failure(std::uint64_t veto_word, std::uint64_t local, int
                            " rank(s) refused this step (a gradient of the wrong length); every rank skipped it and "
                            "kept its state");
   throw nonfinite_error(std::to_string(veto_word) + " value(s) of g + e across the ranks (" + std::to_string(local) +
-                        " on rank " + std::to_string(rank) + ") were " +
-                        (what != nullptr ? what : "NaN or infinite") +
+                        " on rank " + std::to_string(rank) + ") were " + (what != nullptr ? what : "NaN or infinite") +
                         "; every rank skipped this step and kept its gradient and error-feedback state");
 }
 

@@ -45,16 +45,16 @@ class step_context {
 
   /// What the allreducer hands a step.
   struct parts {
-    Space space;                          ///< Where to run.
-    Collective& collective;               ///< Whom to talk to.
-    ErrorFeedbackRef error_feedback;      ///< The residual.
-    bucket_layout const& layout;          ///< The bucket.
-    span<std::byte, memory> workspace;    ///< The compressor's workspace.
-    std::uint64_t* status;                ///< The step's status words (pipeline/nonfinite.hpp).
-    Resources& resources;                 ///< The compressor's resources.
-    std::uint64_t step;                   ///< Steps committed before this one.
-    std::uint64_t bucket_seed;            ///< Seeds random streams whose compressor set no seed.
-    nonfinite_policy policy;              ///< What bad values do.
+    Space space;                        ///< Where to run.
+    Collective& collective;             ///< Whom to talk to.
+    ErrorFeedbackRef error_feedback;    ///< The residual.
+    bucket_layout const& layout;        ///< The bucket.
+    span<std::byte, memory> workspace;  ///< The compressor's workspace.
+    std::uint64_t* status;              ///< The step's status words (pipeline/nonfinite.hpp).
+    Resources& resources;               ///< The compressor's resources.
+    std::uint64_t step;                 ///< Steps committed before this one.
+    std::uint64_t bucket_seed;          ///< Seeds random streams whose compressor set no seed.
+    nonfinite_policy policy;            ///< What bad values do.
     /// Which part of the mean this step must deliver (see step_output).
     step_output output = step_output::whole_bucket;
   };
@@ -187,7 +187,8 @@ class step_context {
   void fault_checked(char const* what) {
     what_ = what;
     if constexpr (std::is_same_v<memory, host_memory>)
-      if (detail::is_fault(p_.status[detail::veto])) detail::throw_step_failure(p_.status[detail::veto], 0, rank(), what_);
+      if (detail::is_fault(p_.status[detail::veto]))
+        detail::throw_step_failure(p_.status[detail::veto], 0, rank(), what_);
   }
 
   /// What the last agreement or check was about (a string literal).

@@ -137,7 +137,8 @@ inline void expect_same_bucket(agreement const& all, std::string const& who, std
   if (int const r = all.first_other_a(); r >= 0)
     throw invalid_argument(who + ": ranks disagree on the bucket size: rank 0 has " + std::to_string(all.of(0).a) +
                            " elements, rank " + std::to_string(r) + " has " + std::to_string(all.of(r).a));
-  if (int const r = all.first_other_b(); r >= 0) throw invalid_argument(who + ": rank " + std::to_string(r) + "'s " + differs);
+  if (int const r = all.first_other_b(); r >= 0)
+    throw invalid_argument(who + ": rank " + std::to_string(r) + "'s " + differs);
 }
 
 /// The verdict on a restore whose statements carry each rank's step in `a`:

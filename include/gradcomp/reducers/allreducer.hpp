@@ -47,8 +47,8 @@ namespace gradcomp::inline GRADCOMP_ABI {
 ///                       mpi_communicator, local_group::communicator, yours.
 /// \tparam Aggregator    all-reduce for summable payloads (default), all-gather.
 /// \tparam Space         host_space, or cuda_space (the default for NCCL).
-template <class Compressor, class ErrorFeedback, class Collective,
-          class Aggregator = default_aggregator_t<Compressor>, class Space = default_space_t<Collective>>
+template <class Compressor, class ErrorFeedback, class Collective, class Aggregator = default_aggregator_t<Compressor>,
+          class Space = default_space_t<Collective>>
 class allreducer {
   static_assert(compressor<Compressor>, "the first template argument must satisfy gradcomp::compressor");
   static_assert(error_feedback::policy<ErrorFeedback>,
@@ -194,11 +194,7 @@ class allreducer {
   span<std::byte, memory> workspace() const { return workspace_.view(); }
   /// The error-feedback residual carried to the next step.
   /// @note On a device, waits for the stream.
-  auto residual() const
-    requires ErrorFeedback::enabled
-  {
-    return ef_->current();
-  }
+  auto residual() const requires ErrorFeedback::enabled { return ef_->current(); }
   /// Zeroes the error-feedback state.
   void reset_error_feedback() { ef_->reset(); }
 
@@ -223,8 +219,8 @@ class allreducer {
   /// corrupted, another format version, rank, world size or configuration,
   /// non-finite values in the residual or the compressor's state).
   bucket_checkpoint parse_checkpoint(span<std::byte const> bytes) const {
-    return detail::parse_bucket_checkpoint(bytes, identity(), ErrorFeedback::enabled ? layout_.size() : 0,
-                                           state_bytes_, compressor_);
+    return detail::parse_bucket_checkpoint(bytes, identity(), ErrorFeedback::enabled ? layout_.size() : 0, state_bytes_,
+                                           compressor_);
   }
 
   /// Applies a checkpoint parse_checkpoint accepted, on this rank alone
@@ -232,9 +228,9 @@ class allreducer {
   /// @note Waits for the space.
   void restore(bucket_checkpoint const& c) {
     [[maybe_unused]] auto const guard = channel_.bind_device();
-    GRADCOMP_EXPECTS(c.residual.size() == (ErrorFeedback::enabled ? layout_.size() : 0) &&
-                         c.state.size() == state_bytes_,
-                     "allreducer: a bucket_checkpoint of another configuration");
+    GRADCOMP_EXPECTS(
+        c.residual.size() == (ErrorFeedback::enabled ? layout_.size() : 0) && c.state.size() == state_bytes_,
+        "allreducer: a bucket_checkpoint of another configuration");
     space_.synchronize();
     if (channel_.pending()) (void)channel_.receive();  // the restored state replaces whatever it said
     ef_->assign(c.residual.data());
@@ -271,13 +267,15 @@ class allreducer {
 
   template <gradient_element G>
   void reduce(span<G, memory> gradient) {
-    static_assert(requires(Compressor const& c, context& ctx) { c.step(ctx, gradient); },
-                  "this compressor's step does not take gradients stored as this type");
+    static_assert(
+        requires(Compressor const& c, context& ctx) { c.step(ctx, gradient); },
+        "this compressor's step does not take gradients stored as this type");
     [[maybe_unused]] auto const guard = channel_.bind_device();
     settle();
     if (gradient.size() != layout_.size())
       refuse("allreducer: the gradient has " + std::to_string(gradient.size()) +
-             " elements but the bucket was set up for " + std::to_string(layout_.size()) + " (every rank skips this step)");
+             " elements but the bucket was set up for " + std::to_string(layout_.size()) +
+             " (every rank skips this step)");
     if (gradient.empty())
       ++step_;  // nothing to agree on: an empty bucket always commits
     else
@@ -290,9 +288,17 @@ class allreducer {
     space_.fill_zero(status_.data(), 2 * sizeof(std::uint64_t));  // this rank's count and the veto
     bool const warm = warming_up();
     if (warm) {  // the fp32 mean; the compressor's state and the residual stay zero
-      warmup_context ctx({space_, *collective_, {}, layout_,
+      warmup_context ctx({space_,
+                          *collective_,
+                          {},
+                          layout_,
                           workspace_.view().subspan(warmup_offset_, workspace_.size() - warmup_offset_),
-                          status_.data(), no_resources_, step_, bucket_seed_, options_.nonfinite, output_});
+                          status_.data(),
+                          no_resources_,
+                          step_,
+                          bucket_seed_,
+                          options_.nonfinite,
+                          output_});
       warmup_.step(ctx, gradient);
       wire_bytes_ = ctx.wire_bytes();
       what_ = ctx.what();
@@ -384,10 +390,10 @@ class allreducer {
   std::optional<typename ErrorFeedback::template state<Space>> ef_;
   buffer<std::byte, Space> workspace_;
   std::optional<resources_type> resources_;
-  fp32 warmup_{};                 // what warm-up steps send
+  fp32 warmup_{};  // what warm-up steps send
   no_resources no_resources_{space_};
-  std::size_t state_bytes_ = 0;   // the workspace's first bytes: the compressor's state
-  std::size_t warmup_offset_ = 0; // where warm-up steps carve theirs
+  std::size_t state_bytes_ = 0;    // the workspace's first bytes: the compressor's state
+  std::size_t warmup_offset_ = 0;  // where warm-up steps carve theirs
   std::uint64_t step_ = 0;
   std::size_t wire_bytes_ = 0;
   char const* what_ = nullptr;

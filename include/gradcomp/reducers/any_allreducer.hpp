@@ -3,9 +3,9 @@
 // own, and a program can take its compressor from its command line.
 #pragma once
 
+#include <gradcomp/compressors/registry.hpp>
 #include <gradcomp/reducers/agreement.hpp>
 #include <gradcomp/reducers/allreducer.hpp>
-#include <gradcomp/compressors/registry.hpp>
 #include <gradcomp/reducers/hierarchical.hpp>
 
 #include <memory>

@@ -4,8 +4,8 @@
 // a command line.
 #pragma once
 
-#include <gradcomp/reducers/agreement.hpp>
 #include <gradcomp/compressors/registry.hpp>
+#include <gradcomp/reducers/agreement.hpp>
 #include <gradcomp/reducers/hierarchical_reduce_scatterer.hpp>
 #include <gradcomp/reducers/reduce_scatterer.hpp>
 

@@ -78,7 +78,11 @@ class hierarchical_allreducer {
   /// The same, running in `space`.
   hierarchical_allreducer(Compressor compressor, node_groups<Collective>& groups, bucket_layout layout, Space space,
                           hierarchical_options options = {})
-      : groups_(&groups), layout_(std::move(layout)), space_(space), options_(options), rail_(groups.cross, groups.local) {
+      : groups_(&groups),
+        layout_(std::move(layout)),
+        space_(space),
+        options_(options),
+        rail_(groups.cross, groups.local) {
     int const per_node = groups.ranks_per_node();
     std::size_t const d = layout_.size();
     int const first = static_cast<int>(options_.reduce.bucket % static_cast<std::uint64_t>(per_node));
@@ -156,11 +160,7 @@ class hierarchical_allreducer {
     return node_->parts().of_rank[static_cast<std::size_t>(groups_->local.rank())];
   }
   /// This rank's shard's error-feedback residual (PowerSGD: of its tensors).
-  auto residual() const
-    requires ErrorFeedback::enabled
-  {
-    return inner_->residual();
-  }
+  auto residual() const requires ErrorFeedback::enabled { return inner_->residual(); }
   /// A hash of the configuration: the rail's, the node's size, the
   /// intra-node precision, the bucket and how it is stored.
   std::uint64_t fingerprint() const {
@@ -186,8 +186,8 @@ class hierarchical_allreducer {
  private:
   detail::checkpoint_identity identity() const { return detail::two_level_identity(*groups_, fingerprint()); }
 
-  using inner_type = allreducer<Compressor, ErrorFeedback, rail_collective<Collective>,
-                                default_aggregator_t<Compressor>, Space>;
+  using inner_type =
+      allreducer<Compressor, ErrorFeedback, rail_collective<Collective>, default_aggregator_t<Compressor>, Space>;
 
   node_groups<Collective>* groups_;
   bucket_layout layout_;

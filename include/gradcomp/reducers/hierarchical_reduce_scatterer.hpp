@@ -102,7 +102,7 @@ class hierarchical_reduce_scatterer {
     // every rank instead of leaving peers waiting.
     float* part = (*node_)(groups_->local, gradient, ok);
     float* mine = part + inner_->shard_offset();  // the rail's shard, reduced in place
-    if (!ok)  // (the rail's agreement then fails every rank of the world)
+    if (!ok)                                      // (the rail's agreement then fails every rank of the world)
       inner_->refuse_step("hierarchical_reduce_scatterer: this rank passed a gradient of " +
                           std::to_string(gradient.size()) + " elements and a shard of " + std::to_string(shard.size()) +
                           "; the bucket has " + std::to_string(d) + " and this rank's shard " +

@@ -99,7 +99,8 @@ class model_reducer {
   /// is, the bucket is reduced (and then every later bucket already whole).
   void mark_ready(std::size_t p) {
     check_parameter(p);
-    GRADCOMP_EXPECTS(!marked_[p], "model_reducer: parameter " + std::to_string(p) + " was marked ready twice in one step");
+    GRADCOMP_EXPECTS(!marked_[p],
+                     "model_reducer: parameter " + std::to_string(p) + " was marked ready twice in one step");
     if (steps_started_ == 0) step_start_ = clock::now();
     steps_started_ = 1;
     marked_[p] = 1;
@@ -248,7 +249,8 @@ class model_reducer {
       for (std::size_t p : plan_.buckets[b].params) layout.add(shapes[p]);
       allreducer_options o = options_.reduce;
       o.bucket = b;
-      reducers_.push_back(make(plan_.buckets[b].compressed ? options_.compressor : options_.small, std::move(layout), o));
+      reducers_.push_back(
+          make(plan_.buckets[b].compressed ? options_.compressor : options_.small, std::move(layout), o));
     }
     // What a step keeps, sized once: steps allocate nothing.
     marked_.resize(plan_.params.size());
@@ -267,8 +269,8 @@ class model_reducer {
   }
 
   void check_parameter(std::size_t p) const {
-    GRADCOMP_EXPECTS(p < plan_.params.size(), "model_reducer: parameter " + std::to_string(p) + " of " +
-                                                  std::to_string(plan_.params.size()));
+    GRADCOMP_EXPECTS(p < plan_.params.size(),
+                     "model_reducer: parameter " + std::to_string(p) + " of " + std::to_string(plan_.params.size()));
   }
 
   void reset_step() {
@@ -366,7 +368,7 @@ class model_reducer {
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::size_t queued_ = 0, taken_ = 0, completed_ = 0;  // buckets launched, taken to run, run
-  bool running_ = false;  // a bucket is being reduced (by either thread)
+  bool running_ = false;                                // a bucket is being reduced (by either thread)
   bool stopping_ = false;
   std::exception_ptr error_;
   std::vector<bucket_event> timeline_, last_timeline_;

@@ -25,7 +25,6 @@ struct node_groups {
   int ranks_per_node() const { return local.size(); }
 };
 
-
 /// Splits `world` into nodes, and each rank's rail across them. Nodes are
 /// runs of `ranks_per_node` consecutive ranks when it is given (emulation,
 /// clusters the backend cannot see), else what the backend detects
@@ -93,13 +92,9 @@ class rail_collective {
     cross_->all_reduce(send, recv, 1, reduce_op::sum);
     local_->all_reduce(recv, recv, 1, reduce_op::sum);
   }
-  auto stream() const
-    requires requires(Collective const& c) { c.stream(); }
-  {
-    return cross_->stream();
-  }
-  void check_async()
-    requires requires(Collective& c) { c.check_async(); }
+  auto stream() const requires requires(Collective const& c) { c.stream(); }
+  { return cross_->stream(); }
+  void check_async() requires requires(Collective& c) { c.check_async(); }
   {
     cross_->check_async();
     local_->check_async();

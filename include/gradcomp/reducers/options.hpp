@@ -35,9 +35,9 @@ struct allreducer_options {
 /// One bucket's state, read from a checkpoint and checked, not yet applied
 /// (allreducer::parse_checkpoint; restore applies it).
 struct bucket_checkpoint {
-  std::uint64_t steps = 0;           ///< Committed steps, warm-up included.
-  std::vector<float> residual;       ///< The error-feedback residual (empty without).
-  std::vector<std::byte> state;      ///< The compressor's state kept across steps.
+  std::uint64_t steps = 0;       ///< Committed steps, warm-up included.
+  std::vector<float> residual;   ///< The error-feedback residual (empty without).
+  std::vector<std::byte> state;  ///< The compressor's state kept across steps.
 };
 
 namespace detail {

@@ -41,8 +41,8 @@ namespace gradcomp::inline GRADCOMP_ABI {
 ///                       backend).
 /// \tparam Space         host_space, or cuda_space (the default for NCCL).
 /// \tparam Gradient      float, bfloat16 or half: how buckets are stored.
-template <class Compressor, class ErrorFeedback, class Collective,
-          class Space = default_space_t<Collective>, class Gradient = float>
+template <class Compressor, class ErrorFeedback, class Collective, class Space = default_space_t<Collective>,
+          class Gradient = float>
 class reduce_scatterer {
   static_assert(detail::shards_by_elements<Compressor>,
                 "reduce_scatterer cuts buckets into shards of elements: the compressor's payload must be summable "
@@ -123,11 +123,7 @@ class reduce_scatterer {
   /// The options.
   allreducer_options const& options() const { return inner_.options(); }
   /// The error-feedback residual of this rank's whole padded bucket.
-  auto residual() const
-    requires ErrorFeedback::enabled
-  {
-    return inner_.residual();
-  }
+  auto residual() const requires ErrorFeedback::enabled { return inner_.residual(); }
   /// A hash of the configuration (the all-reduce path's, marked as a
   /// reduce-scatter of these shards).
   std::uint64_t fingerprint() const { return inner_.fingerprint(); }

@@ -22,8 +22,8 @@
 #pragma once
 
 #include <gradcomp/algorithm/transform.hpp>
-#include <gradcomp/detail/hash.hpp>
 #include <gradcomp/compressors/detail/mean_codec.hpp>
+#include <gradcomp/detail/hash.hpp>
 #include <gradcomp/pipeline/compressor.hpp>
 #include <gradcomp/types.hpp>
 
@@ -61,7 +61,7 @@ struct cast {
                 "cast<W> needs a float wire type: float, gradcomp::bfloat16 or gradcomp::half");
 
   /// Name for messages and reports.
-  static constexpr std::string_view name = std::is_same_v<W, float> ? "fp32"
+  static constexpr std::string_view name = std::is_same_v<W, float>      ? "fp32"
                                            : std::is_same_v<W, bfloat16> ? "bf16"
                                                                          : "fp16";
   /// Floats add element by element.
@@ -112,8 +112,11 @@ struct cast {
     auto const ws = ctx.carve(*this);
     auto const& ef = ctx.error_feedback();
     float const n = static_cast<float>(ctx.ranks());
-    transform(ctx.space(), gradient.size(), inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.payload, ef.next()),
-              detail::cast_encode<W>{detail::mean_codec<W>::inverse(ctx.ranks()), n, detail::mean_codec<W>::limit(ctx.ranks())}, {.count = ctx.bad_count()});
+    transform(ctx.space(), gradient.size(), inputs(detail::gradient_stream(gradient), ef.previous()),
+              outputs(ws.payload, ef.next()),
+              detail::cast_encode<W>{detail::mean_codec<W>::inverse(ctx.ranks()), n,
+                                     detail::mean_codec<W>::limit(ctx.ranks())},
+              {.count = ctx.bad_count()});
     ctx.agree_all_finite(detail::mean_codec<W>::out_of_range);
     ctx.aggregate_elementwise(ws.payload, ws.scratch);
     auto const [first, count] = ctx.output_range();

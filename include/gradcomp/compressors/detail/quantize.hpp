@@ -50,7 +50,6 @@ GRADCOMP_HOST_DEVICE float clamp_symmetric(float x, float limit) {
   return x > limit ? limit : x;
 }
 
-
 /// The scales of one step of a QSGD-style quantizer, from the agreed squared
 /// norm: x = acc x scale is the code before rounding, code x unit this rank's
 /// own decode, and sum x mean_unit the decoded mean of n ranks' codes.
@@ -104,9 +103,10 @@ template <class Lane>
 void expect_lane_headroom(std::string_view who, int ranks, std::int64_t largest, int bits) {
   std::int64_t const limit = std::numeric_limits<Lane>::max();
   GRADCOMP_EXPECTS(largest * ranks <= limit,
-                   std::string(who) + ": " + std::to_string(ranks) + " ranks x codes up to +-" + std::to_string(largest) +
-                       " (" + std::to_string(bits) + " bits) sum beyond the " + std::string(name_of(dtype_of_v<Lane>)) +
-                       " lane (max " + std::to_string(limit) + "); use a wider lane, fewer bits or fewer ranks");
+                   std::string(who) + ": " + std::to_string(ranks) + " ranks x codes up to +-" +
+                       std::to_string(largest) + " (" + std::to_string(bits) + " bits) sum beyond the " +
+                       std::string(name_of(dtype_of_v<Lane>)) + " lane (max " + std::to_string(limit) +
+                       "); use a wider lane, fewer bits or fewer ranks");
 }
 
 /// Throws invalid_argument unless `bits` fits the Lane (1..7 for int8,

@@ -25,7 +25,7 @@ namespace gradcomp::inline GRADCOMP_ABI {
 namespace detail {
 
 template <class EF, class G>
-struct randk_gather {  // coordinate j of the step and its acc
+struct randk_gather {                        // coordinate j of the step and its acc
   static constexpr bool vectorizes = false;  // (it gathers or scatters at indices it computes)
   random_permutation pick;
   G const* gradient;
@@ -52,7 +52,9 @@ struct randk_encode {  // value: acc in, acc - own decode out
   double const* squared_norm;
   double levels;
   qsgd_scale k{};
-  GRADCOMP_HOST_DEVICE randk_encode bind() const { return {squared_norm, levels, qsgd_scale::of(*squared_norm, levels, 1)}; }
+  GRADCOMP_HOST_DEVICE randk_encode bind() const {
+    return {squared_norm, levels, qsgd_scale::of(*squared_norm, levels, 1)};
+  }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, float acc, float u, Lane& code, float& residual) const {
     std::int32_t const c = k.code(acc, u, static_cast<float>(levels));
     code = static_cast<Lane>(c);
@@ -68,7 +70,7 @@ struct randk_unsent {  // every coordinate: output 0, residual acc (the drawn on
 };
 
 template <class Lane, class EF, class G>
-struct randk_decode {  // the drawn coordinates: their mean, their residual
+struct randk_decode {                        // the drawn coordinates: their mean, their residual
   static constexpr bool vectorizes = false;  // (it gathers or scatters at indices it computes)
   G* gradient;
   EF ef;
@@ -83,7 +85,9 @@ struct randk_decode {  // the drawn coordinates: their mean, their residual
       ef.update(i, residual);
     }
   };
-  GRADCOMP_HOST_DEVICE bound bind() const { return {gradient, ef.bind(), qsgd_scale::of(*squared_norm, levels, ranks)}; }
+  GRADCOMP_HOST_DEVICE bound bind() const {
+    return {gradient, ef.bind(), qsgd_scale::of(*squared_norm, levels, ranks)};
+  }
 };
 
 }  // namespace detail
@@ -120,8 +124,8 @@ struct global_randk {
     return make(build(global_randk<std::int32_t>{}));
   }
 
-  std::size_t k = 10000;                 ///< Coordinates sent per step (an empty bucket sends none).
-  int bits = 4;                          ///< s = 2^bits - 1 levels per sign.
+  std::size_t k = 10000;                ///< Coordinates sent per step (an empty bucket sends none).
+  int bits = 4;                         ///< s = 2^bits - 1 levels per sign.
   std::optional<std::uint64_t> seed{};  ///< Seeds the coordinates and the noise; unset: the bucket's own.
 
   /// s.
@@ -175,8 +179,7 @@ struct global_randk {
   /// The norm and K codes.
   template <class Aggregator>
   std::size_t wire_bytes(bucket_layout const& layout, int ranks) const {
-    return layout.size() == 0 ? 0
-                              : sizeof(double) + detail::aggregated_wire_bytes<Aggregator>(k * sizeof(Lane), ranks);
+    return layout.size() == 0 ? 0 : sizeof(double) + detail::aggregated_wire_bytes<Aggregator>(k * sizeof(Lane), ranks);
   }
 
   /// One step: the drawn coordinates <- their rank-mean decoded codes, the
@@ -194,22 +197,21 @@ struct global_randk {
 
     transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(), detail::count_nonfinite{},
               {.count = ctx.bad_count()});
-    transform(space, k, inputs(), outputs(ws.indices, ws.values), detail::randk_gather<EF, G>{pick, gradient.data(), ef});
+    transform(space, k, inputs(), outputs(ws.indices, ws.values),
+              detail::randk_gather<EF, G>{pick, gradient.data(), ef});
     segmented_reduce<reduction::sum_of_squares>(space, k, k, inputs(ws.values), detail::gathered_value{},
-                                                detail::store_total_at{ws.squared_norm.data()},
-                                                {.scratch = ws.reduce});
+                                                detail::store_total_at{ws.squared_norm.data()}, {.scratch = ws.reduce});
     ctx.agree_all_finite("NaN or infinite");
     ctx.all_reduce(ws.squared_norm, reduce_op::max);
-    transform(space, k,
-              inputs(ws.values, rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
+    transform(space, k, inputs(ws.values, rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
               outputs(ws.codes, ws.values), detail::randk_encode<Lane>{ws.squared_norm.data(), s});
     ctx.aggregate(ws.codes, ws.scratch);
     gate const when = ctx.output_gate();
-    transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(detail::gradient_stream(gradient), ef.next()), detail::randk_unsent{},
-              {.when = when});
+    transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()),
+              outputs(detail::gradient_stream(gradient), ef.next()), detail::randk_unsent{}, {.when = when});
     transform(space, k, inputs(ws.indices, ws.codes, ws.values), outputs(),
               detail::randk_decode<Lane, EF, G>{gradient.data(), ef, ws.squared_norm.data(), s,
-                                             static_cast<double>(ctx.ranks())},
+                                                static_cast<double>(ctx.ranks())},
               {.when = when});
   }
 };

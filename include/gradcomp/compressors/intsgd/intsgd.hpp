@@ -99,7 +99,7 @@ struct lane_value {
   GRADCOMP_HOST_DEVICE float operator()(std::size_t, Lane v) const { return static_cast<float>(v); }
 };
 
-struct intsgd_update {  // r <- beta r + (1 - beta) ||g||^2, kept only if finite
+struct intsgd_update {                       // r <- beta r + (1 - beta) ||g||^2, kept only if finite
   static constexpr bool vectorizes = false;  // (one element, and it calls sqrt)
   double* state;
   bool first;
@@ -142,9 +142,9 @@ struct intsgd {
     return make(intsgd<std::int32_t>{});
   }
 
-  float alpha0 = 1.0f;                   ///< Scale of alpha.
-  float beta = 0.9f;                     ///< Decay of the running mean r of ||g||^2.
-  bool stochastic = true;                ///< Unbiased random rounding; false: to nearest.
+  float alpha0 = 1.0f;                  ///< Scale of alpha.
+  float beta = 0.9f;                    ///< Decay of the running mean r of ||g||^2.
+  bool stochastic = true;               ///< Unbiased random rounding; false: to nearest.
   std::optional<std::uint64_t> seed{};  ///< Seeds the rounding noise; unset: the bucket's own.
 
   /// M: one past the largest lane value (int32 lanes: capped at 2^24, where
@@ -232,18 +232,19 @@ struct intsgd {
     double const* const r = state + (first ? detail::intsgd_first : detail::intsgd_r);
 
     if (first)  // r_0 = ||acc||^2, the largest over the ranks; also counts bad values
-      segmented_reduce<reduction::sum_of_squares>(space, d, d, inputs(detail::gradient_stream(gradient), ef.previous()), detail::accumulated{},
-                                                  detail::store_total_at{state + detail::intsgd_first},
-                                                  {.scratch = ws.reduce, .count = ctx.bad_count()});
+      segmented_reduce<reduction::sum_of_squares>(
+          space, d, d, inputs(detail::gradient_stream(gradient), ef.previous()), detail::accumulated{},
+          detail::store_total_at{state + detail::intsgd_first}, {.scratch = ws.reduce, .count = ctx.bad_count()});
     else
-      transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(), detail::count_nonfinite{},
-                {.count = ctx.bad_count()});
+      transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(),
+                detail::count_nonfinite{}, {.count = ctx.bad_count()});
     ctx.agree_all_finite("NaN or infinite");
     if (first) ctx.all_reduce(ws.state.subspan(detail::intsgd_first, 1), reduce_op::max);
 
     if (stochastic)
       transform(space, d,
-                inputs(detail::gradient_stream(gradient), ef.previous(), rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
+                inputs(detail::gradient_stream(gradient), ef.previous(),
+                       rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
                 outputs(ws.codes, ef.next()), detail::intsgd_encode<Lane>{r, p});
     else
       transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.codes, ef.next()),

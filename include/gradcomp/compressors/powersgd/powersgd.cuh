@@ -66,8 +66,7 @@ __global__ void __launch_bounds__(Threads)
     for (std::size_t k = 0; k < count; ++k) {
       float* v = a + k * vs;
       double part = 0.0;
-      for (std::size_t i = threadIdx.x; i < length; i += blockDim.x)
-        part += static_cast<double>(v[i * es]) * v[i * es];
+      for (std::size_t i = threadIdx.x; i < length; i += blockDim.x) part += static_cast<double>(v[i * es]) * v[i * es];
       double const norm2 = reduce(temp).Sum(part);
       if (threadIdx.x == 0) shared = norm2;
       __syncthreads();
@@ -83,7 +82,8 @@ __global__ void __launch_bounds__(Threads)
         if (threadIdx.x == 0) shared = total;
         __syncthreads();
         double const projection = shared;
-        for (std::size_t i = threadIdx.x; i < length; i += blockDim.x) w[i * es] = projected(w[i * es], projection, v[i * es]);
+        for (std::size_t i = threadIdx.x; i < length; i += blockDim.x)
+          w[i * es] = projected(w[i * es], projection, v[i * es]);
         __syncthreads();
       }
     }
@@ -101,8 +101,8 @@ struct psgd_device<cuda_kernels_tag, Resources> {
   // P (rows x rank) = M Q: P^T (rank x rows) = Q^T M^T, where q_t (row-major
   // rank x cols) is column-major Q (cols x rank), op T gives Q^T, and M
   // row-major is column-major M^T (cols x rows).
-  static void multiply_mq(cuda_space const&, Resources& r, float const* m, float const* q_t, float* p,
-                          std::size_t rows, std::size_t cols, std::size_t rank) {
+  static void multiply_mq(cuda_space const&, Resources& r, float const* m, float const* q_t, float* p, std::size_t rows,
+                          std::size_t cols, std::size_t rank) {
     float const one = 1.0f, zero = 0.0f;
     check_cublas(cublasSgemm(r.handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rank), static_cast<int>(rows),
                              static_cast<int>(cols), &one, q_t, static_cast<int>(cols), m, static_cast<int>(cols),

@@ -84,7 +84,8 @@ void multiply_mtp(cuda_space const& s, Resources& r, float const* m, float const
 }
 template <class EF, class G>
 void write_output(cuda_space const& space, std::size_t rows, std::size_t cols, psgd_output<EF, G> const& f) {
-  transform(space, rows * cols, inputs(f.acc + f.offset), outputs(gradient_stream(f.gradient, f.offset), f.ef.next(f.offset)),
+  transform(space, rows * cols, inputs(f.acc + f.offset),
+            outputs(gradient_stream(f.gradient, f.offset), f.ef.next(f.offset)),
             psgd_output_element{f.p, f.q_t, cols, f.rank}, {.when = f.when});
 }
 #endif
@@ -260,8 +261,8 @@ struct powersgd {
     float const n = static_cast<float>(ctx.ranks());
     std::size_t const d = gradient.size();
 
-    transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.acc), detail::psgd_accumulate{range(ctx.layout())},
-              {.count = ctx.bad_count()});
+    transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.acc),
+              detail::psgd_accumulate{range(ctx.layout())}, {.count = ctx.bad_count()});
     ctx.agree_all_finite("NaN, infinite or beyond PowerSGD's range (max(float) / (8 x the longest matrix side))");
     if (ctx.step() == 0 || !warm_start)  // the same Q on every rank
       transform(space, ws.q_work.size(), inputs(), outputs(ws.q_work),
@@ -290,8 +291,8 @@ struct powersgd {
       if (t.rank == 0) return;
       float* p = ws.p.data() + t.p_offset;  // P's columns: stride rank
       detail::gram_schmidt(space, resources, p, t.rows, t.rank, t.rank, 1, orthogonalization_epsilon);
-      detail::multiply_mtp(space, resources, ws.acc.data() + t.offset, p, ws.q_work.data() + t.q_offset, t.rows,
-                           t.cols, t.rank);
+      detail::multiply_mtp(space, resources, ws.acc.data() + t.offset, p, ws.q_work.data() + t.q_offset, t.rows, t.cols,
+                           t.rank);
     });
     transform(space, ws.q_work.size(), inputs(ws.q_work), outputs(ws.q_wire), detail::psgd_to_wire<Wire>{});
     ctx.aggregate(ws.q_wire, ws.scratch);
@@ -303,13 +304,14 @@ struct powersgd {
       if (t.rank == 0) {
         transform(space, t.rows * t.cols,
                   inputs(ws.acc.data() + t.offset, ws.p_wire.data() + ws.p.size() + t.plain_offset),
-                  outputs(detail::gradient_stream(gradient, t.offset), ef.next(t.offset)), detail::psgd_unpack_plain<Wire>{1.0f / n, n},
-                  {.when = when});
+                  outputs(detail::gradient_stream(gradient, t.offset), ef.next(t.offset)),
+                  detail::psgd_unpack_plain<Wire>{1.0f / n, n}, {.when = when});
         return;
       }
-      detail::write_output(space, t.rows, t.cols,
-                           detail::psgd_output<EF, G>{when, ws.acc.data(), gradient.data(), ef, ws.p.data() + t.p_offset,
-                                                   ws.q_work.data() + t.q_offset, t.offset, t.cols, t.rank});
+      detail::write_output(
+          space, t.rows, t.cols,
+          detail::psgd_output<EF, G>{when, ws.acc.data(), gradient.data(), ef, ws.p.data() + t.p_offset,
+                                     ws.q_work.data() + t.q_offset, t.offset, t.cols, t.rank});
     });
     transform(space, ws.q_work.size(), inputs(ws.q_work), outputs(ws.q_state), detail::psgd_copy{},
               {.when = ctx.state_gate()});

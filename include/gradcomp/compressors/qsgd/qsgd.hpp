@@ -35,10 +35,13 @@ struct qsgd_encode {
   double const* squared_norm;  // agreed
   double levels;               // s
   qsgd_scale k{};
-  GRADCOMP_HOST_DEVICE qsgd_encode bind() const { return {squared_norm, levels, qsgd_scale::of(*squared_norm, levels, 1)}; }
+  GRADCOMP_HOST_DEVICE qsgd_encode bind() const {
+    return {squared_norm, levels, qsgd_scale::of(*squared_norm, levels, 1)};
+  }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, float g, float e, float u, Lane& code, float& e_next) const {
     float const acc = g + e;
-    std::int32_t const c = k.code(acc, u, static_cast<float>(levels));  // |acc| <= norm, but a rounded norm can fall a hair short
+    std::int32_t const c =
+        k.code(acc, u, static_cast<float>(levels));  // |acc| <= norm, but a rounded norm can fall a hair short
     code = static_cast<Lane>(c);
     e_next = k.residual(acc, c);
   }
@@ -89,7 +92,7 @@ struct qsgd {
     return make(wide);
   }
 
-  int bits = 4;                          ///< s = 2^bits - 1 levels per sign.
+  int bits = 4;                         ///< s = 2^bits - 1 levels per sign.
   std::optional<std::uint64_t> seed{};  ///< Seeds the rounding noise; unset: the bucket's own.
 
   /// s.
@@ -97,9 +100,7 @@ struct qsgd {
 
   /// Throws invalid_argument for bits outside 1..(7 for int8, 24 for int32)
   /// or n ranks whose summed codes could overflow the lane.
-  void validate(bucket_layout const&, int ranks) const {
-    detail::expect_code_bits<Lane>("qsgd", ranks, bits);
-  }
+  void validate(bucket_layout const&, int ranks) const { detail::expect_code_bits<Lane>("qsgd", ranks, bits); }
 
   /// Hash of the parameters.
   std::uint64_t fingerprint() const {
@@ -142,9 +143,11 @@ struct qsgd {
     std::size_t const d = gradient.size();
     double const s = static_cast<double>(levels());
 
-    detail::agree_largest_squared_norm(ctx, d, inputs(detail::gradient_stream(gradient), ef.previous()), ws.squared_norm, ws.reduce);
+    detail::agree_largest_squared_norm(ctx, d, inputs(detail::gradient_stream(gradient), ef.previous()),
+                                       ws.squared_norm, ws.reduce);
     transform(ctx.space(), d,
-              inputs(detail::gradient_stream(gradient), ef.previous(), rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
+              inputs(detail::gradient_stream(gradient), ef.previous(),
+                     rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
               outputs(ws.codes, ef.next()), detail::qsgd_encode<Lane>{ws.squared_norm.data(), s});
     ctx.aggregate_elementwise(ws.codes, ws.scratch);
     auto const [first, count] = ctx.output_range();

@@ -236,9 +236,11 @@ struct qsgd_multiscale {
     detail::multiscale_scales const m = scales_for(ctx.ranks());
     detail::multiscale_factors const* factors = ws.factors.data();
 
-    detail::agree_largest_squared_norm(ctx, d, inputs(detail::gradient_stream(gradient), ef.previous()), ws.squared_norm, ws.reduce);
+    detail::agree_largest_squared_norm(ctx, d, inputs(detail::gradient_stream(gradient), ef.previous()),
+                                       ws.squared_norm, ws.reduce);
     parallel_for(space, 1, detail::multiscale_bind{ws.squared_norm.data(), m, ws.factors.data()});
-    transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.index), detail::multiscale_propose{factors, m});
+    transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.index),
+              detail::multiscale_propose{factors, m});
     ctx.all_reduce(ws.index, reduce_op::min);
     transform(space, d,
               inputs(detail::gradient_stream(gradient), ef.previous(), ws.index,

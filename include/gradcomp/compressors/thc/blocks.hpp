@@ -164,7 +164,7 @@ struct thc_encode {
   void block(std::size_t b, float* buffer, float* signs, float* accs, uint4x32* noise) const {
     std::size_t const first = b * p.block;
     std::size_t const inside = first + p.block <= p.n ? p.block : (first < p.n ? p.n - first : 0);
-    auto const e = ef.bind();                      // a local copy: its pointers stay in registers, the loops vectorize
+    auto const e = ef.bind();                  // a local copy: its pointers stay in registers, the loops vectorize
     G const* __restrict g = gradient + first;  // (only read while it lives)
     float* __restrict acc = accs;
     float* x = buffer;  // (no __restrict: the rotations below write the block too)

@@ -151,8 +151,7 @@ __device__ __forceinline__ void thc_load_floats(float const* data, std::size_t f
 /// E floats to `data` from element `first` (none past n), as 16-byte
 /// stores where the pointer allows.
 template <int E>
-__device__ __forceinline__ void thc_store_floats(float* data, std::size_t first, std::size_t n,
-                                                 float const (&in)[E]) {
+__device__ __forceinline__ void thc_store_floats(float* data, std::size_t first, std::size_t n, float const (&in)[E]) {
   if (first + E <= n && reinterpret_cast<std::uintptr_t>(data + first) % 16 == 0) {
 #pragma unroll
     for (int v = 0; v < E / 4; ++v)
@@ -172,8 +171,8 @@ __device__ __forceinline__ float thc_widen(unsigned word, int half_index) {
   return static_cast<float>(h);
 }
 template <int E, class G>
-  requires(!std::is_same_v<G, float>)
-__device__ __forceinline__ void thc_load_floats(G const* data, std::size_t first, std::size_t n, float (&out)[E]) {
+requires(!std::is_same_v<G, float>) __device__ __forceinline__
+    void thc_load_floats(G const* data, std::size_t first, std::size_t n, float (&out)[E]) {
   if constexpr (E % 8 == 0) {
     if (first + E <= n && reinterpret_cast<std::uintptr_t>(data + first) % 16 == 0) {
 #pragma unroll
@@ -190,8 +189,8 @@ __device__ __forceinline__ void thc_load_floats(G const* data, std::size_t first
   for (int e = 0; e < E; ++e) out[e] = first + e < n ? static_cast<float>(data[first + e]) : 0.0f;
 }
 template <int E, class G>
-  requires(!std::is_same_v<G, float>)
-__device__ __forceinline__ void thc_store_floats(G* data, std::size_t first, std::size_t n, float const (&in)[E]) {
+requires(!std::is_same_v<G, float>) __device__ __forceinline__
+    void thc_store_floats(G* data, std::size_t first, std::size_t n, float const (&in)[E]) {
   if constexpr (E % 8 == 0) {
     if (first + E <= n && reinterpret_cast<std::uintptr_t>(data + first) % 16 == 0) {
 #pragma unroll
@@ -225,8 +224,8 @@ __device__ __forceinline__ void thc_register_noise(uint4x32 const& words, int e,
 }
 
 template <std::size_t B, bool Table, class Lane, class EF, class G>
-__device__ __forceinline__ void thc_register_block(thc_encode<Lane, EF, G> const& f, thc_lane_block<B>& r, std::size_t b,
-                                                   bool valid, float* exchange) {
+__device__ __forceinline__ void thc_register_block(thc_encode<Lane, EF, G> const& f, thc_lane_block<B>& r,
+                                                   std::size_t b, bool valid, float* exchange) {
   constexpr int E = thc_lane_block<B>::E;
   thc_block_params const p = f.p;
   float acc[E];
@@ -347,8 +346,8 @@ __global__ void __launch_bounds__(thc_threads) thc_register_kernel(block_range b
 template <std::size_t B, class F>
 void thc_launch_registers(cuda_space const& space, block_range blocks, F const& f, gate when) {
   constexpr std::size_t per_thread_block = thc_threads / thc_lane_block<B>::threads;
-  unsigned const grid = static_cast<unsigned>(
-      std::min<std::size_t>((blocks.size() + per_thread_block - 1) / per_thread_block, 65535));
+  unsigned const grid =
+      static_cast<unsigned>(std::min<std::size_t>((blocks.size() + per_thread_block - 1) / per_thread_block, 65535));
   if (f.p.codec.table)
     thc_register_kernel<B, true><<<grid, thc_threads, 0, space.stream>>>(blocks, f, when);
   else

@@ -17,7 +17,6 @@
 
 namespace gradcomp::inline GRADCOMP_ABI::detail {
 
-
 /// Shared memory of a block of B: the block, acc, and the sign bits.
 inline std::size_t thc_shared_bytes(std::size_t block) {
   return 2 * block * sizeof(float) + (block / 32 + 1) * sizeof(std::uint32_t);

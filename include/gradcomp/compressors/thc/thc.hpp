@@ -188,9 +188,9 @@ struct thc {
     auto const& ef = ctx.error_feedback();
     std::size_t const d = gradient.size(), blocks = ws.levels.size() / block;
 
-    segmented_reduce<reduction::sum_of_squares>(space, d, group, inputs(detail::gradient_stream(gradient), ef.previous()), detail::thc_acc{},
-                                                detail::store_double{ws.norms.data()},
-                                                {.scratch = ws.reduce, .count = ctx.bad_count()});
+    segmented_reduce<reduction::sum_of_squares>(
+        space, d, group, inputs(detail::gradient_stream(gradient), ef.previous()), detail::thc_acc{},
+        detail::store_double{ws.norms.data()}, {.scratch = ws.reduce, .count = ctx.bad_count()});
     ctx.agree_all_finite("NaN or infinite");
     ctx.all_reduce(ws.norms, reduce_op::max);
 

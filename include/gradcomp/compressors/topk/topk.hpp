@@ -17,8 +17,8 @@
 
 #include <gradcomp/algorithm/top_k.hpp>
 #include <gradcomp/algorithm/transform.hpp>
-#include <gradcomp/detail/hash.hpp>
 #include <gradcomp/compressors/detail/mean_codec.hpp>
+#include <gradcomp/detail/hash.hpp>
 #include <gradcomp/pipeline/compressor.hpp>
 #include <gradcomp/types.hpp>
 
@@ -64,7 +64,7 @@ struct topk_reset {  // nothing sent here: output 0, everything stays behind
 };
 
 template <class W, class EF>
-struct topk_keep_unsent {  // this rank's own indices: e = acc - sent
+struct topk_keep_unsent {                    // this rank's own indices: e = acc - sent
   static constexpr bool vectorizes = false;  // (it gathers or scatters at indices it computes)
   float const* acc;
   EF ef;
@@ -81,7 +81,7 @@ struct topk_keep_unsent {  // this rank's own indices: e = acc - sent
 };
 
 template <class W, class G>
-struct topk_scatter_mean {  // one rank's pairs, added in rank order
+struct topk_scatter_mean {                   // one rank's pairs, added in rank order
   static constexpr bool vectorizes = false;  // (it gathers or scatters at indices it computes)
   G* gradient;
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, std::uint32_t i, W value) const {
@@ -197,11 +197,13 @@ struct topk {
     ctx.all_gather(span<Value const, memory>(ws.values), ws.gathered_values);
 
     gate const when = ctx.output_gate();  // (a vetoed step skips the scatters too: the reset wrote or skipped all)
-    transform(space, d, inputs(ws.acc), outputs(detail::gradient_stream(gradient), ef.next()), detail::topk_reset{}, {.when = when});
+    transform(space, d, inputs(ws.acc), outputs(detail::gradient_stream(gradient), ef.next()), detail::topk_reset{},
+              {.when = when});
     transform(space, sent, inputs(ws.indices, ws.values), outputs(),
               detail::topk_keep_unsent<Value, EF>{ws.acc.data(), ef, ranks}, {.when = when});
     for (int r = 0; r < ctx.ranks(); ++r)  // rank order: the same sums on every rank
-      transform(space, sent, inputs(ws.gathered_indices.subspan(r * sent, sent), ws.gathered_values.subspan(r * sent, sent)),
+      transform(space, sent,
+                inputs(ws.gathered_indices.subspan(r * sent, sent), ws.gathered_values.subspan(r * sent, sent)),
                 outputs(), detail::topk_scatter_mean<Value, G>{gradient.data()}, {.when = when});
   }
 };

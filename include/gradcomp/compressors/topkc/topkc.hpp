@@ -29,8 +29,8 @@
 #include <gradcomp/algorithm/segmented_reduce.hpp>
 #include <gradcomp/algorithm/top_k.hpp>
 #include <gradcomp/algorithm/transform.hpp>
-#include <gradcomp/detail/hash.hpp>
 #include <gradcomp/compressors/detail/mean_codec.hpp>
+#include <gradcomp/detail/hash.hpp>
 #include <gradcomp/pipeline/compressor.hpp>
 #include <gradcomp/types.hpp>
 
@@ -170,8 +170,8 @@ void topkc_output(host_space const& space, std::size_t d, std::size_t chunk, G* 
 template <class Value, class EF, class G>
 void topkc_output(cuda_space const& space, std::size_t d, std::size_t, G* gradient, EF const& ef,
                   topkc_unpack<Value> const& f, gate when) {
-  transform(space, d, inputs(gradient_stream(gradient), ef.previous()), outputs(gradient_stream(gradient), ef.next()), f,
-            {.when = when});
+  transform(space, d, inputs(gradient_stream(gradient), ef.previous()), outputs(gradient_stream(gradient), ef.next()),
+            f, {.when = when});
 }
 #endif
 
@@ -255,8 +255,7 @@ struct topkc {
   /// [1, 2^30], a fraction outside (0, 1], or more chunks than the bucket has.
   void validate(bucket_layout const& layout, int /*ranks*/) const {
     GRADCOMP_EXPECTS(chunk_size != 0 && std::has_single_bit(chunk_size) && chunk_size <= max_chunk_size,
-                     "topkc: chunk size " + std::to_string(chunk_size) +
-                         " is not a power of two in [1, 2^30]");
+                     "topkc: chunk size " + std::to_string(chunk_size) + " is not a power of two in [1, 2^30]");
     GRADCOMP_EXPECTS(chunks != from_fraction || (fraction > 0.0 && fraction <= 1.0),
                      "topkc: the fraction of chunks kept must be in (0, 1], got " + std::to_string(fraction));
     std::size_t const m = chunk_count(layout.size());
@@ -339,8 +338,9 @@ struct topkc {
       parallel_for(space, 1, detail::hash_selection{ws.selected.data(), k, ws.hashes.data()});
       ctx.all_gather(span<std::uint64_t const, memory>(ws.hashes.subspan(0, 1)), ws.hashes.subspan(1, ctx.ranks()));
       parallel_for(space, 1, detail::compare_selections{ws.hashes.data() + 1, ctx.ranks(), ctx.veto_word()});
-      ctx.fault_checked("topkc: the ranks selected different chunks; the summed scores differ between ranks "
-                        "(a collective that does not return identical sums?)");
+      ctx.fault_checked(
+          "topkc: the ranks selected different chunks; the summed scores differ between ranks "
+          "(a collective that does not return identical sums?)");
     }
 
     transform(space, ws.packed.size(), inputs(), outputs(ws.packed),
