@@ -141,7 +141,9 @@ TEST_CASE("model_reducer steps allocate nothing, with and without overlap, flat 
   std::vector<std::vector<std::size_t>> const shapes = {{10, 256}, {10}, {256, 300}, {256}, {64, 64}};
   for (bool overlap : {true, false})
     for (bool two_levels : {false, true}) {
-      INFO((overlap ? "overlap" : "no overlap") << (two_levels ? ", two levels" : ", flat"));
+      std::string const what =
+          std::string(overlap ? "overlap" : "no overlap") + (two_levels ? ", two levels" : ", flat");
+      INFO(what);
       model_reducer_options options;
       options.compressor = compressor_spec::parse("topkc:fraction=0.25,chunk_size=64");
       options.min_compression_elements = 1000;
