@@ -148,10 +148,9 @@ class allreducer {
   /// The same for a bucket stored as IEEE half.
   void operator()(span<half, memory> gradient) { reduce(gradient); }
 
-  /// Refuses this step: takes part in its agreement with a veto, so that
-  /// every rank fails the step rather than wait for this one, then throws
-  /// invalid_argument(why). For a reducer built on this one whose own input
-  /// is unusable (a gradient of the wrong size); nothing is reduced.
+  /// Refuses this step (for a reducer built on this one, whose own input is
+  /// unusable): takes part in its agreement with a veto, so every rank fails
+  /// the step instead of waiting, then throws invalid_argument(why).
   [[noreturn]] void refuse_step(std::string const& why) {
     [[maybe_unused]] auto const guard = channel_.bind_device();
     settle();
@@ -175,8 +174,7 @@ class allreducer {
 
   /// Bytes the last step put on the wire (see step_context::wire_bytes).
   std::size_t wire_bytes() const { return wire_bytes_; }
-  /// Steps committed, warm-up included (on the CUDA space: as far as known;
-  /// synchronize() first).
+  /// Steps committed, warm-up included (CUDA: as far as known; synchronize() first).
   std::uint64_t steps() const { return step_; }
   /// True while the next step sends the plain fp32 mean (options().warmup_steps).
   bool warming_up() const { return step_ < options_.warmup_steps; }
@@ -189,8 +187,7 @@ class allreducer {
   /// What bad values do.
   allreducer_options const& options() const { return options_; }
   /// The compressor's workspace: carve it as the compressor does to inspect
-  /// what a step left there (state kept across steps, such as PowerSGD's Q or
-  /// IntSGD's running norm, or the last step's codes).
+  /// what a step left there (PowerSGD's Q, IntSGD's running norm, codes).
   span<std::byte, memory> workspace() const { return workspace_.view(); }
   /// The error-feedback residual carried to the next step.
   /// @note On a device, waits for the stream.
