@@ -80,13 +80,11 @@ struct compressor_spec {
   /// Calls f(key, field) for each numeric key, in the order str() writes them.
   template <class F>
   void for_each_key(F&& f) {
-    f("fraction", fraction), f("chunk_size", chunk_size), f("matrix_rank", matrix_rank), f("bits", bits);
-    f("block", block), f("stages", stages), f("k", k);
+    keys_of(*this, f);
   }
   template <class F>
   void for_each_key(F&& f) const {
-    const_cast<compressor_spec*>(this)->for_each_key(
-        [&](char const* key, auto& field) { f(key, std::as_const(field)); });
+    keys_of(*this, f);
   }
 
   /// Whether this spec uses error feedback.
@@ -200,6 +198,13 @@ struct compressor_spec {
   }
 
  private:
+  // The numeric keys of `s` (a spec, const or not), in the order str() writes them.
+  template <class Self, class F>
+  static void keys_of(Self& s, F& f) {
+    f("fraction", s.fraction), f("chunk_size", s.chunk_size), f("matrix_rank", s.matrix_rank), f("bits", s.bits);
+    f("block", s.block), f("stages", s.stages), f("k", s.k);
+  }
+
   template <class T>
   static T number(std::string const& key, std::string const& value) {
     T out{};
