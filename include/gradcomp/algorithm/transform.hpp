@@ -49,10 +49,13 @@ template <class T>
 struct zero_cursor {
   T operator[](std::size_t) const { return T{}; }
 };
+// A discarded output still gets an element of its own per lane: one shared
+// sink would be a store every lane makes to one address, which keeps the
+// element loop from vectorizing (the stores die with the chunk).
 template <class T>
 struct discard_cursor {
-  T sink{};
-  T& operator[](std::size_t) { return sink; }
+  T sink[host_chunk];
+  T& operator[](std::size_t k) { return sink[k]; }
 };
 
 // Input cursors of one host chunk [begin, begin + len): element k at [k].
