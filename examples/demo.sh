@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 bash .ci/install-deps
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH=/usr/local/cuda/bin:$PATH
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_NATIVE_ARCH=ON >/dev/null
 cmake --build build --target train
 
 # OpenBLAS falls back to its generic SSE3 kernels on CPUs newer than itself;

@@ -17,7 +17,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
-#include <map>
 #include <random>
 #include <vector>
 
@@ -42,11 +41,10 @@ struct host_timer {
 };
 
 /// Seconds for an OpenMP-parallel copy of `elements` floats on the host with
-/// `space`'s threads: median of 21 after 3 warm-ups. Cached per size.
+/// `space`'s threads: median of 11 after 3 warm-ups. Timed afresh for every
+/// row (and every repetition of it), right beside it: a machine's bandwidth
+/// drifts over a run, and a copy timed minutes earlier is no yardstick.
 inline double host_copy_seconds(host_space const& space, std::size_t elements) {
-  static std::map<std::pair<std::size_t, int>, double> cache;
-  auto const key = std::make_pair(elements, space.threads);
-  if (auto hit = cache.find(key); hit != cache.end()) return hit->second;
   buffer<float, host_space> src(elements, space), dst(elements, space);
   float* s = src.data();
   float* d = dst.data();
@@ -54,8 +52,8 @@ inline double host_copy_seconds(host_space const& space, std::size_t elements) {
   auto copy = [&] { parallel_for(space, elements, [s, d](std::size_t i) { d[i] = s[i]; }); };
   for (int rep = 0; rep < 3; ++rep) copy();
   std::vector<double> samples;
-  for (int rep = 0; rep < 21; ++rep) samples.push_back(host_timer{}(copy));
-  return cache[key] = median(samples);
+  for (int rep = 0; rep < 11; ++rep) samples.push_back(host_timer{}(copy));
+  return median(samples);
 }
 
 /// Fills `values` with normally distributed gradients of mixed magnitude

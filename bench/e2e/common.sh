@@ -84,7 +84,7 @@ prepare() {
   choose_blas_kernels
   train=$PWD/build/examples/train
   if [ ! -x "$train" ]; then
-    cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_NATIVE_ARCH=ON >/dev/null
     cmake --build build --target train
   fi
 }
