@@ -5,6 +5,7 @@
 // checkpoints of the whole model; misuse named.
 #include "common/harness.hpp"
 #include "common/model_reducer_suite.hpp"
+#include "common/mpi_like.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -197,4 +198,31 @@ TEST_CASE("misuse of a step is named") {
     CHECK_THROWS_WITH_AS(reducer.mark_ready(0), doctest::Contains("marked ready twice"), invalid_argument);
     CHECK_THROWS_WITH_AS(reducer.finish(), doctest::Contains("parameters 3, 5 were marked ready"), invalid_argument);
   });
+}
+
+// A rank whose model has one tensor more (so one bucket more) must not leave
+// its peers returning from the constructor while it waits in a bucket's set-up
+// that they never start: the whole plan is agreed before any bucket's own. The
+// MPI-like collective's watchdog turns such a wait into a `hang`.
+TEST_CASE("ranks whose models differ in tensors or bucket rules all throw from the constructor") {
+  for (int n : {2, 3, 4, 7}) {
+    for (int variant = 0; variant < 2; ++variant) {
+      auto const errors = mpi_like_group::run(n, [&](mpi_like_group::communicator& comm) {
+        std::vector<std::vector<std::size_t>> shapes = mlp_shapes();
+        model_reducer_options options = small_buckets();
+        bool const odd = comm.rank() == comm.size() - 1;
+        if (odd && variant == 0) shapes.push_back({3, 5});
+        if (odd && variant == 1) options.bucket_cap_bytes *= 2;
+        model_reducer<mpi_like_group::communicator, host_space> reducer(shapes, comm, options);
+      });
+      for (auto const& e : errors) {
+        INFO(n, " ranks, variant ", variant, ": ", message_of(e));
+        REQUIRE(e);
+        CHECK_FALSE(is_hang(e));
+        std::string const last = "rank " + std::to_string(n - 1);
+        CHECK(message_of(e).find(last) != std::string::npos);
+        CHECK(message_of(e).find(variant == 0 ? "tensors" : "differs") != std::string::npos);
+      }
+    }
+  }
 }

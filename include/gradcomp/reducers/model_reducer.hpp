@@ -240,7 +240,13 @@ class model_reducer {
 
   template <class Make>
   void build(std::vector<shape> const& shapes, Make make) {
-    plan_ = plan_buckets(shapes, sizeof(Gradient), options_);
+    std::string failure;
+    try {
+      plan_ = plan_buckets(shapes, sizeof(Gradient), options_);
+    } catch (std::exception const& e) {
+      failure = e.what();
+    }
+    agree_on_plan(shapes, failure);
     std::size_t const buckets = plan_.buckets.size();
     storage_ = buffer<Gradient, Space>(plan_.total, space_);
     space_.fill_zero(storage_.data(), plan_.total * sizeof(Gradient));
@@ -261,6 +267,33 @@ class model_reducer {
     ready_events_.resize(buckets);
     reset_step();
     if (overlapping()) worker_ = std::thread([this] { progress(); });
+  }
+
+  // One agreement on the whole plan before any bucket's own: a rank whose
+  // model has another number of tensors or buckets would otherwise wait in a
+  // bucket's construction that its peers never start.
+  void agree_on_plan(std::vector<shape> const& shapes, std::string const& failure) {
+    std::uint64_t h = detail::hash(options_.compressor.str(), detail::hash(options_.small.str()));
+    h = detail::hash_combine(h, sizeof(Gradient));
+    for (shape const& s : shapes) {
+      h = detail::hash_combine(h, s.size());
+      for (std::size_t extent : s) h = detail::hash_combine(h, extent);
+    }
+    for (auto const& b : plan_.buckets) {
+      h = detail::hash_combine(h, b.compressed ? 1u : 0u);
+      for (std::size_t p : b.params) h = detail::hash_combine(h, p);
+    }
+    std::uint64_t const tensors = shapes.size();
+    agreement const all = groups_ ? agreement(groups_->local, groups_->cross, space_, tensors, h, failure)
+                                  : agreement(*collective_, space_, tensors, h, failure);
+    expect_none_failed(all, failure, "model_reducer", "this model or these options");
+    if (int const r = all.first_other_a(); r >= 0)
+      throw invalid_argument("model_reducer: ranks disagree on the model: rank 0 has " + std::to_string(all.of(0).a) +
+                             " tensors, rank " + std::to_string(r) + " has " + std::to_string(all.of(r).a));
+    if (int const r = all.first_other_b(); r >= 0)
+      throw invalid_argument("model_reducer: rank " + std::to_string(r) +
+                             "'s model differs from rank 0's (tensor shapes, gradient type, compressors or bucket "
+                             "rules)");
   }
 
   int world_size() const { return groups_ ? groups_->nodes() * groups_->ranks_per_node() : collective_->size(); }
