@@ -146,3 +146,30 @@ TEST_CASE("a spec one rank rejects fails every rank, and nobody hangs") {
     CHECK(message_of(errors[r]).find("unknown compressor 'thc2'") != std::string::npos);
   }
 }
+
+// Parameters out of range are refused before any arithmetic uses them: the
+// lane a spec picks once shifted by a negative bit count (undefined behaviour,
+// which the sanitizer build turns into a failure), so the error named a lane
+// that depended on the world size. Now every rank names the same value and
+// the same lane on 2, 3 and 4 ranks.
+TEST_CASE("out-of-range bits are refused by name, on every rank, before any shift by them") {
+  for (char const* text : {"thc:bits=-1", "thc:bits=40", "qsgd:bits=-1", "qsgd:bits=63", "global_randk:k=50,bits=-1",
+                           "global_randk:k=50,bits=63"}) {
+    std::string first;
+    for (int n : {2, 3, 4}) {
+      auto const errors = mpi_like_group::run(n, [&](mpi_like_group::communicator& comm) {
+        any_allreducer<mpi_like_group::communicator, host_space> r(compressor_spec::parse(text), comm,
+                                                                   bucket_layout(1000), host_space{});
+      });
+      for (auto const& e : errors) {
+        INFO(std::string(text), " on ", n, " ranks: ", message_of(e));
+        REQUIRE(e);
+        CHECK_FALSE(is_hang(e));
+        std::string const bits = std::string(text).substr(std::string(text).rfind('=') + 1);
+        CHECK(message_of(e).find(bits + " bits") != std::string::npos);
+        if (first.empty()) first = message_of(e);
+        CHECK(message_of(e) == first);
+      }
+    }
+  }
+}

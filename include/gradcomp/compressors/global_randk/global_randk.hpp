@@ -120,7 +120,9 @@ struct global_randk {
       return c;
     };
     auto const narrow = build(global_randk<std::int8_t>{});
-    if (detail::narrow_lane(s.lane, narrow.bits <= 7 && ranks * narrow.levels() <= 127)) return make(narrow);
+    // (bits checked before levels() shifts by them: validate() names a bad value)
+    bool const fits = narrow.bits >= 1 && narrow.bits <= 7 && ranks * narrow.levels() <= 127;
+    if (detail::narrow_lane(s.lane, fits)) return make(narrow);
     return make(build(global_randk<std::int32_t>{}));
   }
 

@@ -92,7 +92,8 @@ struct thc {
       return c;
     };
     auto const narrow = build(thc<std::uint8_t>{});
-    bool const fits = static_cast<std::int64_t>(ranks) * static_cast<std::int64_t>(narrow.top()) <= 255;
+    bool const valid = narrow.quantizer == thc_quantizer::table || (narrow.bits >= 1 && narrow.bits <= 16);
+    bool const fits = valid && static_cast<std::int64_t>(ranks) * static_cast<std::int64_t>(narrow.top()) <= 255;
     if (detail::narrow_lane(s.lane, fits)) return make(narrow);
     return make(build(thc<std::int32_t>{}));
   }
