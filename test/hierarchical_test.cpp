@@ -4,6 +4,7 @@
 #include "common/compressors.hpp"
 #include "common/harness.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -518,4 +519,63 @@ TEST_CASE("PowerSGD in two levels: error feedback loses nothing over many steps"
     CHECK(residual > 0.01 * scale);  // rank 2 leaves a residual: the check below has something to add
     CHECK(worst <= 64 * steps * 0x1.0p-18 * (scale + 1));
   }
+}
+
+// An empty bucket (a frozen layer, tensors of size zero) is valid flat, so it
+// is valid in two levels too: a step communicates nothing across nodes and
+// commits, and its checkpoint restores. (It was refused at construction.)
+TEST_CASE("an empty bucket is valid in two levels: steps commit, checkpoints restore") {
+  for_each_compressor([](auto c, double) {
+    using C = decltype(c);
+    if constexpr (detail::shards_in_two_levels<C>) {
+      for (bucket_layout const& empty : {bucket_layout(0), [] {
+                                           bucket_layout l;
+                                           l.add({0});
+                                           l.add({4, 0});
+                                           return l;
+                                         }()}) {
+        local_group::run(4, [&](local_group::communicator& world) {
+          auto groups = split_nodes(world, 2);
+          INFO(C::name);
+          hierarchical_allreducer<C, error_feedback::residual, local_group::communicator, host_space> h(
+              c, groups, empty, host_space{});
+          for (int step = 0; step < 3; ++step) h(span<float>{});
+          CHECK(h.steps() == 3);
+          auto const saved = h.save();
+          h(span<float>{});
+          h.restore(span<std::byte const>(saved.data(), saved.size()));
+          CHECK(h.steps() == 3);
+          if constexpr (detail::shards_by_elements<C>) {
+            hierarchical_reduce_scatterer<C, error_feedback::none, local_group::communicator, host_space> s(
+                c, groups, empty, host_space{});
+            CHECK(s.shard_size() == 0);
+            for (int step = 0; step < 2; ++step) s(span<float>{}, span<float>{});
+            CHECK(s.steps() == 2);
+          }
+        });
+      }
+    }
+  });
+}
+
+TEST_CASE("a model whose bucket holds only tensors of size zero reduces over node groups as it does flat") {
+  std::vector<std::vector<std::size_t>> const shapes = {{10, 64}, {0}, {64, 128}};
+  local_group::run(4, [&](local_group::communicator& world) {
+    auto groups = split_nodes(world, 2);
+    model_reducer_options options;
+    options.compressor = compressor_spec::parse("fp32");
+    model_reducer<local_group::communicator, host_space> reducer(shapes, groups, options);
+    for (int step = 0; step < 2; ++step) {
+      for (std::size_t p = 0; p < shapes.size(); ++p) {
+        auto g = reducer.gradient(p);
+        for (std::size_t i = 0; i < g.size(); ++i) g.data()[i] = static_cast<float>(world.rank() + 1);
+        reducer.mark_ready(p);
+      }
+      reducer.finish();
+      for (std::size_t p : {0, 2}) {
+        auto const g = reducer.gradient(p);
+        CHECK(std::all_of(g.data(), g.data() + g.size(), [](float x) { return x == 2.5f; }));  // the mean of 1..4
+      }
+    }
+  });
 }

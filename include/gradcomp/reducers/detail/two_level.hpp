@@ -178,19 +178,17 @@ void restore_on_every_rank(Reducer& reducer, node_groups<Collective>& g, Space c
 }
 
 /// Sets a two-level reducer (named `who`) up on every rank of the world
-/// together, or on none. First every rank states its bucket size `d` and
-/// `fingerprint` (two_level_terms), and sees
-/// every other's, before any rail exchanges anything; then `build` runs, and
+/// together, or on none. First every rank states its bucket size `d` (zero
+/// is valid, as flat: its steps always commit)
+/// and `fingerprint` (two_level_terms), and sees every other's, before any
+/// rail exchanges anything; then `build` runs, and
 /// if it throws on any rank (a lane that would overflow), every rank throws
 /// invalid_argument naming the first rank that failed.
 template <class Collective, class Space, class Build>
 void set_up_on_every_rank(node_groups<Collective>& g, Space const& space, std::size_t d, std::uint64_t fingerprint,
                           char const* who, Build&& build) {
-  agreement const all(g.local, g.cross, space, d, fingerprint, d == 0 ? "the bucket is empty" : "");
-  std::string const name(who);
-  if (int const r = all.first_failed(); r >= 0)
-    throw invalid_argument(name + ": rank " + std::to_string(r) + " cannot use this configuration: " + all.why(r));
-  expect_same_bucket(all, name, "compressor, its parameters, its options or the gradients' type differ from rank 0's");
+  expect_same_bucket(agreement(g.local, g.cross, space, d, fingerprint, ""), who,
+                     "compressor, its parameters, its options or the gradients' type differ from rank 0's");
   std::string failure;
   try {
     build();
