@@ -109,16 +109,30 @@ void expect_lane_headroom(std::string_view who, int ranks, std::int64_t largest,
                        "); use a wider lane, fewer bits or fewer ranks");
 }
 
+/// The most bits a code may take in the Lane: 7 for int8, 24 for int32 (a
+/// code must stay exact in a float).
+template <class Lane>
+inline constexpr int max_code_bits = std::is_same_v<Lane, std::int8_t> ? 7 : 24;
+
 /// Throws invalid_argument unless `bits` fits the Lane (1..7 for int8,
 /// 1..24 for int32: a code must stay exact in a float), then unless n ranks'
 /// codes of 2^bits - 1 levels sum inside it.
 template <class Lane>
 void expect_code_bits(std::string_view who, int ranks, int bits) {
-  int const most = std::is_same_v<Lane, std::int8_t> ? 7 : 24;
+  int const most = max_code_bits<Lane>;
   GRADCOMP_EXPECTS(bits >= 1 && bits <= most, std::string(who) + ": " + std::to_string(bits) + " bits is outside 1.." +
                                                   std::to_string(most) + " for the " +
                                                   std::string(name_of(dtype_of_v<Lane>)) + " lane");
   expect_lane_headroom<Lane>(who, ranks, (std::int64_t{1} << bits) - 1, bits);
+}
+
+/// Whether n ranks' codes of `bits` bits sum inside the Lane, as
+/// expect_code_bits requires: false for bits out of range, checked before
+/// anything shifts by them (a spec's automatic lane choice).
+template <class Lane>
+bool code_bits_fit(int ranks, int bits) {
+  return bits >= 1 && bits <= max_code_bits<Lane> &&
+         ((std::int64_t{1} << bits) - 1) * ranks <= std::numeric_limits<Lane>::max();
 }
 
 /// The norm round of the QSGD family: ||acc||^2 over the bucket (bad values

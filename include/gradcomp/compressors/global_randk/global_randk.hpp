@@ -120,9 +120,7 @@ struct global_randk {
       return c;
     };
     auto const narrow = build(global_randk<std::int8_t>{});
-    // (bits checked before levels() shifts by them: validate() names a bad value)
-    bool const fits = narrow.bits >= 1 && narrow.bits <= 7 && ranks * narrow.levels() <= 127;
-    if (detail::narrow_lane(s.lane, fits)) return make(narrow);
+    if (detail::narrow_lane(s.lane, detail::code_bits_fit<std::int8_t>(ranks, narrow.bits))) return make(narrow);
     return make(build(global_randk<std::int32_t>{}));
   }
 

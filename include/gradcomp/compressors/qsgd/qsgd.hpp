@@ -86,9 +86,7 @@ struct qsgd {
   static decltype(auto) from_spec(Spec const& s, int ranks, Make&& make) {
     qsgd<std::int8_t> narrow;
     detail::set_if(s.bits, narrow.bits);
-    // (bits checked before levels() shifts by them: validate() names a bad value)
-    bool const fits = narrow.bits >= 1 && narrow.bits <= 7 && ranks * narrow.levels() <= 127;
-    if (detail::narrow_lane(s.lane, fits)) return make(narrow);
+    if (detail::narrow_lane(s.lane, detail::code_bits_fit<std::int8_t>(ranks, narrow.bits))) return make(narrow);
     qsgd<std::int32_t> wide;
     detail::set_if(s.bits, wide.bits);
     return make(wide);

@@ -179,11 +179,11 @@ void restore_on_every_rank(Reducer& reducer, node_groups<Collective>& g, Space c
 
 /// Sets a two-level reducer (named `who`) up on every rank of the world
 /// together, or on none. First every rank states its bucket size `d` (zero
-/// is valid, as flat: its steps always commit)
-/// and `fingerprint` (two_level_terms), and sees every other's, before any
-/// rail exchanges anything; then `build` runs, and
-/// if it throws on any rank (a lane that would overflow), every rank throws
-/// invalid_argument naming the first rank that failed.
+/// is valid, as flat: its steps always commit) and `fingerprint`
+/// (two_level_terms), and sees every other's, before any rail exchanges
+/// anything; then `build` runs, and if it throws on any rank (a lane that
+/// would overflow), every rank throws invalid_argument naming the first rank
+/// that failed.
 template <class Collective, class Space, class Build>
 void set_up_on_every_rank(node_groups<Collective>& g, Space const& space, std::size_t d, std::uint64_t fingerprint,
                           char const* who, Build&& build) {
