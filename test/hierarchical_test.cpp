@@ -522,8 +522,8 @@ TEST_CASE("PowerSGD in two levels: error feedback loses nothing over many steps"
 }
 
 // An empty bucket (a frozen layer, tensors of size zero) is valid flat, so it
-// is valid in two levels too: a step communicates nothing across nodes and
-// commits, and its checkpoint restores. (It was refused at construction.)
+// is valid in two levels too: its steps commit and its checkpoint restores.
+// (It was refused at construction.)
 TEST_CASE("an empty bucket is valid in two levels: steps commit, checkpoints restore") {
   for_each_compressor([](auto c, double) {
     using C = decltype(c);
@@ -558,7 +558,7 @@ TEST_CASE("an empty bucket is valid in two levels: steps commit, checkpoints res
   });
 }
 
-TEST_CASE("a model whose bucket holds only tensors of size zero reduces over node groups as it does flat") {
+TEST_CASE("a model with a tensor of size zero (a bucket of its own) reduces over node groups") {
   std::vector<std::vector<std::size_t>> const shapes = {{10, 64}, {0}, {64, 128}};
   local_group::run(4, [&](local_group::communicator& world) {
     auto groups = split_nodes(world, 2);
