@@ -3,7 +3,8 @@
 // rank gets bitwise the same output; the same inputs give the same bits;
 // error feedback loses nothing over hundreds of steps; a bad value on one
 // rank commits nothing under either policy; extreme magnitudes come back
-// finite; a configuration or a call that one rank cannot use fails on every
+// finite; values beyond 1e38 are carried or refused on every rank; a
+// configuration or a call that one rank cannot use fails on every
 // rank without a hang (an MPI-like collective with a watchdog); sizes that
 // overflow are refused.
 #include "common/compressors.hpp"
@@ -182,6 +183,87 @@ TEST_CASE("extreme magnitudes come back finite and as accurate as ordinary ones"
       CHECK(error_at(0.0f, d) == 0.0);  // zeros in, zeros out
     });
   });
+}
+
+// Finite values at the top of float's range (1e38 to its largest value),
+// everywhere or as one spike in N(0, 1) noise: a step either carries them
+// (every output and residual finite) or every rank refuses it as the
+// non-finite protocol does (raise: nonfinite_error, the gradient unchanged;
+// propagate: NaN everywhere), committing nothing. Never an infinity, never
+// ranks that disagree; the next clean step works or is refused alike.
+TEST_CASE("values beyond 1e38 are carried or refused on every rank, never returned infinite") {
+  float const values[] = {1e38f, 1.5e38f, 3e38f, std::numeric_limits<float>::max()};
+  for (int ranks : {2, 3, 4, 7}) {
+    for (auto policy : {nonfinite_policy::raise, nonfinite_policy::propagate}) {
+      for_each_compressor([&](auto c, double) {
+        using C = decltype(c);
+        auto run = [&](auto ef) {
+          using EF = decltype(ef);
+          local_group::run(ranks, [&](local_group::communicator& comm) {
+            host_reducer<C, EF, local_group::communicator> reduce(c, comm, odd_layout(1), host_space{},
+                                                                  {.nonfinite = policy});
+            std::size_t const d = reduce.layout().size();
+            auto kept = [&] {
+              if constexpr (EF::enabled) return std::vector<float>(reduce.residual().begin(), reduce.residual().end());
+              else return std::vector<float>{};
+            };
+            auto all_finite = [](std::vector<float> const& x) {
+              return std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); });
+            };
+            // One step of g, checked against the protocol; true when refused.
+            auto checked_step = [&](std::vector<float> g, char const* what) {
+              auto const before = g, residual = kept();
+              std::uint64_t const steps = reduce.steps();
+              int refused = 0;
+              if (policy == nonfinite_policy::raise) {
+                try {
+                  reduce({g.data(), d});
+                } catch (nonfinite_error const&) {
+                  refused = 1;
+                  CHECK(std::memcmp(g.data(), before.data(), d * sizeof(float)) == 0);
+                }
+              } else {
+                reduce({g.data(), d});
+                refused = std::isnan(g[0]) ? 1 : 0;
+                if (refused) CHECK(std::all_of(g.begin(), g.end(), [](float v) { return std::isnan(v); }));
+              }
+              int every[8] = {};
+              comm.all_gather(&refused, every, 1);
+              INFO(C::name << ", " << ranks << " ranks, policy " << int(policy) << ", ef " << EF::enabled << ": "
+                           << std::string(what) << (refused ? " (refused)" : " (carried)"));
+              CHECK(std::count(every, every + ranks, refused) == ranks);
+              if (refused) {
+                CHECK(reduce.steps() == steps);
+                CHECK(kept() == residual);
+              } else {
+                CHECK(all_finite(g));
+                CHECK(all_finite(kept()));
+                CHECK(same_as_rank0(comm, g));
+                CHECK(reduce.steps() == steps + 1);
+              }
+              return refused;
+            };
+            checked_step(random_gradient(41, comm.rank(), d), "a first clean step");
+            for (float v : values) {
+              bool const refused = checked_step(std::vector<float>(d, v), "every value at v");
+              // A mean of max(float) everywhere: beyond every lane and carried
+              // norm; IntSGD alone clips it (its scale comes from past steps).
+              INFO(C::name << ", " << ranks << " ranks, ef " << EF::enabled);
+              if (v == values[3] && !std::is_same_v<C, intsgd<>>) CHECK(refused);
+              checked_step(random_gradient(42, comm.rank(), d), "a clean step after it");
+              auto spike = random_gradient(43, comm.rank(), d);
+              for (auto& x : spike) x = std::clamp(x, -4.0f, 4.0f);
+              if (comm.rank() == ranks - 1) spike[d / 2] = v;
+              checked_step(spike, "one spike of v in noise");
+              checked_step(random_gradient(44, comm.rank(), d), "a clean step after it");
+            }
+          });
+        };
+        run(error_feedback::residual{});
+        run(error_feedback::none{});
+      });
+    }
+  }
 }
 
 // Over a collective where a failing rank releases nobody, a configuration or

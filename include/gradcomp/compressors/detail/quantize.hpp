@@ -9,9 +9,16 @@
 // value: a group whose norm is below about 1e-37 sends zeros, and error
 // feedback keeps it. IEEE arithmetic in either type gives the same bits on
 // host and device.
+//
+// A decoded value or residual is at most the norm (times a compressor's own
+// factor), so a norm near float's largest value would decode to infinity:
+// each rank counts a norm beyond the compressor's carried range as a bad
+// value before the agreement, so every rank refuses such a step, as the
+// float lanes refuse values beyond theirs, before anything is written.
 #pragma once
 
 #include <gradcomp/algorithm/segmented_reduce.hpp>
+#include <gradcomp/algorithm/transform.hpp>
 #include <gradcomp/config.hpp>
 #include <gradcomp/error.hpp>
 #include <gradcomp/types.hpp>
@@ -79,6 +86,27 @@ struct accumulated {
   GRADCOMP_HOST_DEVICE float operator()(std::size_t, float g, float e) const { return g + e; }
 };
 
+/// The largest norm a QSGD-style step carries: its decoded means are at most
+/// the norm and its residuals at most a unit, so both stay finite with room
+/// for rounding up to half of float's largest value (1.7e38).
+inline constexpr double qsgd_carried_norm = 1.7014117331926443e38;
+
+/// Whether a squared norm (finite: the norm passes leave bad values out) is
+/// beyond `limit` squared (an input-only pass over the norms).
+struct squared_norm_beyond {
+  double limit;  // the norm's, not squared
+  GRADCOMP_HOST_DEVICE bool operator()(std::size_t, double squared) const { return !(squared <= limit * limit); }
+};
+
+/// Counts this rank's squared norms beyond `limit` as bad values: call it
+/// before agree_all_finite, on the norms this rank computed (the agreed
+/// largest norm is beyond the limit exactly when some rank's is).
+template <class Context>
+void count_norms_beyond(Context& ctx, span<double const, typename Context::memory> squared_norms, double limit) {
+  transform(ctx.space(), squared_norms.size(), inputs(squared_norms), outputs(), squared_norm_beyond{limit},
+            {.count = ctx.bad_count()});
+}
+
 /// Counts the elements whose acc = g + e is not finite (an input-only pass).
 struct count_nonfinite {
   GRADCOMP_HOST_DEVICE bool operator()(std::size_t, float g, float e) const { return !is_finite(g + e); }
@@ -136,13 +164,16 @@ bool code_bits_fit(int ranks, int bits) {
 }
 
 /// The norm round of the QSGD family: ||acc||^2 over the bucket (bad values
-/// counted), the agreement, then every rank takes the largest squared norm.
+/// counted, and a norm beyond `carried` counted once), the agreement (`what`:
+/// its message, a string literal), then every rank takes the largest squared
+/// norm.
 template <class Context, class In>
 void agree_largest_squared_norm(Context& ctx, std::size_t n, In const& in, span<double, typename Context::memory> norm,
-                                span<std::byte, typename Context::memory> scratch) {
+                                span<std::byte, typename Context::memory> scratch, double carried, char const* what) {
   segmented_reduce<reduction::sum_of_squares>(ctx.space(), n, n, in, accumulated{}, store_total_at{norm.data()},
                                               {.scratch = scratch, .count = ctx.bad_count()});
-  ctx.agree_all_finite("NaN or infinite");
+  count_norms_beyond(ctx, span<double const, typename Context::memory>(norm), carried);
+  ctx.agree_all_finite(what);
   ctx.all_reduce(norm, reduce_op::max);
 }
 

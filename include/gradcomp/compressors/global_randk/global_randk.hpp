@@ -7,7 +7,8 @@
 // norm and its all-reduce(max); encode [K codes, K residuals]; all-reduce(sum)
 // of the codes; output pass [reads g, e; writes g = 0, e = acc]; decode the K
 // coordinates [writes g, e at them].
-// Wire: K x sizeof(Lane) + 8.
+// Wire: K x sizeof(Lane) + 8. Carries a step whose drawn coordinates' norm
+// (the largest over ranks) is up to 1.7e38, as QSGD-MaxNorm does.
 #pragma once
 
 #include <gradcomp/algorithm/transform.hpp>
@@ -201,7 +202,10 @@ struct global_randk {
               detail::randk_gather<EF, G>{pick, gradient.data(), ef});
     segmented_reduce<reduction::sum_of_squares>(space, k, k, inputs(ws.values), detail::gathered_value{},
                                                 detail::store_total_at{ws.squared_norm.data()}, {.scratch = ws.reduce});
-    ctx.agree_all_finite("NaN or infinite");
+    detail::count_norms_beyond(ctx, span<double const, typename Context::memory>(ws.squared_norm),
+                               detail::qsgd_carried_norm);
+    ctx.agree_all_finite(
+        "NaN or infinite, or made the drawn coordinates' norm exceed the 1.7e38 GlobalRandK carries (counted once)");
     ctx.all_reduce(ws.squared_norm, reduce_op::max);
     transform(space, k, inputs(ws.values, rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
               outputs(ws.codes, ws.values), detail::randk_encode<Lane>{ws.squared_norm.data(), s});

@@ -20,7 +20,9 @@
 // The first step has no r yet: it takes the largest ||acc||^2 over the ranks
 // (one 8-byte all-reduce(max), on that step only). r and alpha are doubles
 // (a squared norm of large gradients is out of float's range). Wire:
-// d x sizeof(Lane).
+// d x sizeof(Lane). Carries steps whose r keeps M / (n alpha), the largest
+// value an output or a residual's unit can take, within 1.7e38 (half of
+// float's largest value): every rank refuses a step beyond it.
 #pragma once
 
 #include <gradcomp/algorithm/segmented_reduce.hpp>
@@ -50,6 +52,18 @@ struct intsgd_scale {
   double low, high;  // -floor(M / n), floor((M - 1) / n)
   GRADCOMP_HOST_DEVICE double alpha(double r) const {
     return alpha0 * sqrt(dimension) / (sqrt(2.0 * ranks) * sqrt(r > 0.0 ? r : 4.9406564584124654e-324));
+  }
+};
+
+/// Whether r makes alpha too small to decode finitely: one rank's largest
+/// integer (and n ranks' largest mean) over alpha, M / (n alpha), must stay
+/// within half of float's largest value (room for rounding), or the output
+/// and the residual could be infinite.
+struct intsgd_scale_beyond {
+  intsgd_scale p;
+  double lane_span;  // M
+  GRADCOMP_HOST_DEVICE bool operator()(std::size_t, double r) const {
+    return !(lane_span / (p.ranks * p.alpha(r)) <= 1.7014117331926443e38);
   }
 };
 
@@ -229,7 +243,8 @@ struct intsgd {
     detail::intsgd_scale const p = scale_for(d, ctx.ranks());
     bool const first = ctx.step() == 0;
     double* const state = ws.state.data();
-    double const* const r = state + (first ? detail::intsgd_first : detail::intsgd_r);
+    std::size_t const r_word = first ? detail::intsgd_first : detail::intsgd_r;
+    double const* const r = state + r_word;
 
     if (first)  // r_0 = ||acc||^2, the largest over the ranks; also counts bad values
       segmented_reduce<reduction::sum_of_squares>(
@@ -238,7 +253,13 @@ struct intsgd {
     else
       transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(),
                 detail::count_nonfinite{}, {.count = ctx.bad_count()});
-    ctx.agree_all_finite("NaN or infinite");
+    // r beyond the carried range: counted on every rank (the first step's
+    // local norm is beyond it exactly when the agreed largest one is).
+    transform(space, 1, inputs(span<double const, typename Context::memory>(ws.state.subspan(r_word, 1))), outputs(),
+              detail::intsgd_scale_beyond{p, static_cast<double>(lane_span())}, {.count = ctx.bad_count()});
+    ctx.agree_all_finite(
+        "NaN or infinite, or left IntSGD's running norm beyond the carried range (M / (n alpha) above 1.7e38; "
+        "counted once per rank)");
     if (first) ctx.all_reduce(ws.state.subspan(detail::intsgd_first, 1), reduce_op::max);
 
     if (stochastic)

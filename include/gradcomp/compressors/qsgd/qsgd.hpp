@@ -10,7 +10,9 @@
 //      noise); e = acc - code x norm / s (the rank's own decode).
 //   3. all-reduce(sum) of the codes in the Lane type.
 //   4. decode pass [reads codes; writes g]: g = sum x norm / (s n).
-// Wire: d x sizeof(Lane) + 8. n x s must fit the Lane (checked).
+// Wire: d x sizeof(Lane) + 8. n x s must fit the Lane (checked). Carries a
+// bucket whose norm (the largest over ranks) is up to 1.7e38, half of
+// float's largest value: every rank refuses a step beyond it.
 // Unbiased, but its variance is about sqrt(d) / s ||acc||^2: at few bits on
 // a large bucket it exceeds the signal, and error feedback (which needs an
 // error smaller than the signal) then diverges. Use it without error
@@ -144,7 +146,9 @@ struct qsgd {
     double const s = static_cast<double>(levels());
 
     detail::agree_largest_squared_norm(ctx, d, inputs(detail::gradient_stream(gradient), ef.previous()),
-                                       ws.squared_norm, ws.reduce);
+                                       ws.squared_norm, ws.reduce, detail::qsgd_carried_norm,
+                                       "NaN or infinite, or made the bucket's norm exceed the 1.7e38 QSGD carries "
+                                       "(counted once)");
     transform(ctx.space(), d,
               inputs(detail::gradient_stream(gradient), ef.previous(),
                      rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),

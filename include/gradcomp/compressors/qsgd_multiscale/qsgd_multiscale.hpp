@@ -167,6 +167,15 @@ struct qsgd_multiscale {
     return count;
   }
 
+  /// The largest bucket norm a step carries on n ranks: a saturated code of
+  /// the lane share at the coarsest scale decodes to share / s_0 x the norm,
+  /// so 1.7e38 x min(1, s_0 / share) (1.7e38 with the default scales on two
+  /// or more ranks). Every rank refuses a step beyond it.
+  double carried_norm(int ranks) const {
+    double const coarsest = static_cast<double>((std::int64_t{1} << bits[0]) - 1), share = 127 / ranks;
+    return detail::qsgd_carried_norm * (coarsest < share ? coarsest / share : 1.0);
+  }
+
   /// Throws invalid_argument for scales that are not ascending in 1..24, or
   /// more than 127 ranks (no int8 room for a single level per rank).
   void validate(bucket_layout const&, int ranks) const {
@@ -237,7 +246,9 @@ struct qsgd_multiscale {
     detail::multiscale_factors const* factors = ws.factors.data();
 
     detail::agree_largest_squared_norm(ctx, d, inputs(detail::gradient_stream(gradient), ef.previous()),
-                                       ws.squared_norm, ws.reduce);
+                                       ws.squared_norm, ws.reduce, carried_norm(ctx.ranks()),
+                                       "NaN or infinite, or made the bucket's norm exceed what two-scale QSGD "
+                                       "carries (counted once; see carried_norm)");
     parallel_for(space, 1, detail::multiscale_bind{ws.squared_norm.data(), m, ws.factors.data()});
     transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.index),
               detail::multiscale_propose{factors, m});

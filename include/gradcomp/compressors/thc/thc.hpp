@@ -21,11 +21,13 @@
 //   4. decode pass, one block at a time [reads levels; writes g]: mean value
 //      -> z -> inverse rotation -> scale back -> output (on a reduce-scatter
 //      step, only the blocks of this rank's shard).
-// Wire bytes: padded d x sizeof(Lane) + 8 per group. A lane must hold the
+// Wire bytes: padded d x sizeof(Lane) + 8 per group. Carries groups whose
+// norm is up to carried_norm() (5.4e37 at the default clamp). A lane must hold the
 // sum of n ranks' values: n x top <= max(Lane), checked at construction.
 #pragma once
 
 #include <gradcomp/algorithm/segmented_reduce.hpp>
+#include <gradcomp/compressors/detail/quantize.hpp>
 #include <gradcomp/compressors/thc/blocks.hpp>
 #include <gradcomp/detail/hash.hpp>
 #include <gradcomp/pipeline/compressor.hpp>
@@ -118,6 +120,14 @@ struct thc {
   /// Scale groups of a bucket.
   std::size_t groups(std::size_t d) const { return (padded(d) + group - 1) / group; }
 
+  /// The largest group norm a step carries: a decoded coordinate is at most
+  /// T x the norm (an orthonormal rotation of values within [-T, T]) and a
+  /// residual at most (1 + T) x the norm, so max(float) / (2 (1 + T)), 5.4e37
+  /// at the default T. Every rank refuses a step beyond it.
+  double carried_norm() const {
+    return static_cast<double>(std::numeric_limits<float>::max()) / (2.0 * (1.0 + clamp_value()));
+  }
+
   /// Throws invalid_argument for a block that is not a power of two (or
   /// beyond 4096), more stages than log2(B), a group that is not a multiple
   /// of B, levels the lane cannot hold, or n ranks whose summed levels could
@@ -192,7 +202,10 @@ struct thc {
     segmented_reduce<reduction::sum_of_squares>(
         space, d, group, inputs(detail::gradient_stream(gradient), ef.previous()), detail::thc_acc{},
         detail::store_double{ws.norms.data()}, {.scratch = ws.reduce, .count = ctx.bad_count()});
-    ctx.agree_all_finite("NaN or infinite");
+    detail::count_norms_beyond(ctx, span<double const, typename Context::memory>(ws.norms), carried_norm());
+    ctx.agree_all_finite(
+        "NaN or infinite, or made a scale group's norm exceed the max(float) / (2 (1 + T)) THC carries (counted "
+        "once per group)");
     ctx.all_reduce(ws.norms, reduce_op::max);
 
     detail::thc_block_params const p{
