@@ -34,7 +34,8 @@ void for_each_spec(F&& f) {
   f("qsgd:bits=4", qsgd<std::int8_t>{.bits = 4}, none{}, "qsgd<int8>");
   f("qsgd:bits=6", qsgd<std::int32_t>{.bits = 6}, none{}, "qsgd<int32>");  // 3 x 63 > 127
   f("qsgd_multiscale", qsgd_multiscale{}, residual{}, "qsgd_multiscale");
-  f("global_randk:bits=4,k=40", global_randk<std::int8_t>{.k = 40, .bits = 4}, residual{}, "global_randk<int8>");
+  f("global_randk:bits=4,k=40", global_randk<std::int8_t>{.k = 40, .bits = 4}, none{}, "global_randk<int8>");
+  f("global_randk:k=40,ef=on", global_randk<std::int8_t>{.k = 40}, residual{}, "global_randk<int8>");
   f("intsgd", intsgd<std::int8_t>{}, residual{}, "intsgd<int8>");
   f("intsgd:lane=int32", intsgd<std::int32_t>{}, residual{}, "intsgd<int32>");
 }
@@ -170,6 +171,33 @@ TEST_CASE("out-of-range bits are refused by name, on every rank, before any shif
         if (first.empty()) first = message_of(e);
         CHECK(message_of(e) == first);
       }
+    }
+  }
+}
+
+// Error feedback on a compressor that is no contraction on the bucket would
+// amplify its error: refused at construction, by name, on every rank; the
+// same compressor without feedback, or within its bound, is accepted.
+TEST_CASE("error feedback is refused where the compressor is no contraction") {
+  struct expectation {
+    char const* spec;
+    std::size_t d;
+    bool refused;
+  };
+  for (auto const& [text, d, refused] : {expectation{"global_randk:ef=on", 20000, true},
+                                         expectation{"global_randk", 20000, false},
+                                         expectation{"global_randk:k=224,ef=on", 20000, false},  // 224 / 225 < 1
+                                         expectation{"global_randk:k=225,ef=on", 20000, true},
+                                         expectation{"qsgd:ef=on", 1000, true}, expectation{"qsgd", 1000, false},
+                                         expectation{"qsgd:bits=10,ef=on", 1000, false}}) {
+    auto const errors = mpi_like_group::run(3, [&](mpi_like_group::communicator& comm) {
+      any_allreducer<mpi_like_group::communicator, host_space> r(compressor_spec::parse(text), comm, bucket_layout(d),
+                                                                 host_space{});
+    });
+    for (auto const& e : errors) {
+      INFO(text << ": " << message_of(e));
+      CHECK(static_cast<bool>(e) == refused);
+      if (refused) CHECK(message_of(e).find("needs a contraction") != std::string::npos);
     }
   }
 }

@@ -19,12 +19,14 @@ auto carved(Reducer const& reducer, int ranks) {
   return reducer.compressor().template carve<allreduce_aggregator>(carver, reducer.layout(), ranks);
 }
 
-/// Calls f(compressor) for one of each quantizer, small enough for tests.
+/// Calls f(compressor) for one of each quantizer, small enough for tests,
+/// each a contraction on the tests' buckets (the suites run them with error
+/// feedback, which the allreducer refuses otherwise).
 template <class F>
 void for_each_quantizer(F&& f) {
-  f(qsgd<>{.bits = 4});
+  f(qsgd<std::int32_t>{.bits = 8});
   f(qsgd_multiscale{});
-  f(global_randk<>{.k = 600, .bits = 4});
+  f(global_randk<>{.k = 200, .bits = 4});
   f(intsgd<>{});
   f(intsgd<std::int32_t>{.stochastic = false});
 }
@@ -119,7 +121,7 @@ TEST_CASE_TEMPLATE_DEFINE("ranks agree on scales, coordinates and alpha", Setup,
     CHECK(coarse > 0);      // the large ones
     CHECK(coarse < d / 2);  // most coordinates get the fine scale
 
-    allreducer<global_randk<>, error_feedback::residual, collective_t, allreduce_aggregator, S> randk(
+    allreducer<global_randk<>, error_feedback::none, collective_t, allreduce_aggregator, S> randk(
         global_randk<>{.k = 500}, comm, bucket_layout(d), space);
     std::vector<std::uint64_t> previous;
     for (int step = 0; step < 3; ++step) {
@@ -173,7 +175,7 @@ TEST_CASE_TEMPLATE_DEFINE("integer quantizers are deterministic and stay on trac
     };
     check(qsgd<std::int32_t>{.bits = 10});
     check(qsgd_multiscale{});
-    check(global_randk<>{.k = 600, .bits = 4});
+    check(global_randk<>{.k = 200, .bits = 4});
     check(intsgd<>{});
     check(intsgd<std::int32_t>{.stochastic = false});
   });

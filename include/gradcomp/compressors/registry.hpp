@@ -74,7 +74,8 @@ struct compressor_spec {
   std::optional<std::size_t> k;            ///< global_randk: coordinates per step.
   lane_choice lane = lane_choice::automatic;
   /// Residual error feedback; unset: the compressor's default (off for the
-  /// unbiased baselines and QSGD, as PyTorch's hooks; on for the others).
+  /// unbiased baselines and QSGD, as PyTorch's hooks, and GlobalRandK, whose
+  /// default is no contraction; on for the others).
   std::optional<bool> error_feedback;
 
   /// Calls f(key, field) for each numeric key, in the order str() writes them.

@@ -10,6 +10,7 @@
 
 #include <gradcomp/bucket_layout.hpp>
 #include <gradcomp/collectives/collective.hpp>
+#include <gradcomp/error.hpp>
 #include <gradcomp/execution.hpp>
 #include <gradcomp/execution/workspace.hpp>
 #include <gradcomp/pipeline/aggregator.hpp>
@@ -20,6 +21,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace gradcomp::inline GRADCOMP_ABI {
@@ -118,6 +120,23 @@ concept compressor = std::copyable<C> &&
 };
 
 namespace detail {
+
+/// Error feedback needs a contraction, an error smaller than the signal
+/// (||C(x) - x|| < ||x||), or it amplifies the error it should delay. A
+/// compressor that knows a bound on E||C(x) - x||^2 / ||x||^2 on a bucket
+/// declares it as error_bound(layout); this throws invalid_argument where
+/// the bound reaches 1.
+template <class C>
+void expect_contraction(C const& c, bucket_layout const& layout) {
+  if constexpr (requires { c.error_bound(layout); }) {
+    double const bound = c.error_bound(layout);
+    GRADCOMP_EXPECTS(bound < 1.0, std::string(C::name) + ": error feedback needs a contraction, but on a bucket of " +
+                                      std::to_string(layout.size()) + " elements its squared error may reach " +
+                                      std::to_string(bound) +
+                                      " x the signal's (its error_bound), so feedback would amplify it; turn error "
+                                      "feedback off (its default), or quantize fewer coordinates or with more bits");
+  }
+}
 
 /// The leading workspace bytes `c` keeps across steps (0 without state_bytes).
 template <class C>

@@ -102,6 +102,7 @@ class allreducer {
     try {
       int const n = collective.size();
       compressor_.validate(layout_, n);
+      if constexpr (ErrorFeedback::enabled) detail::expect_contraction(compressor_, layout_);
       workspace_carver<memory> measure;
       compressor_.template carve<Aggregator>(measure, layout_, n);
       std::size_t bytes = measure.bytes();

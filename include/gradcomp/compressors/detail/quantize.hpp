@@ -118,6 +118,15 @@ struct store_total_at {
   GRADCOMP_HOST_DEVICE void operator()(std::size_t j, double total) const { out[j] = total; }
 };
 
+/// QSGD's bound on its error, E||Q(x) - x||^2 <= min(n / s^2, sqrt(n) / s)
+/// ||x||^2 for n coordinates quantized with s levels (Alistarh et al.,
+/// Lemma 3.1); error feedback needs it below 1 (a contraction).
+inline double qsgd_error_bound(std::size_t coordinates, double levels) {
+  double const n = static_cast<double>(coordinates);
+  double const dense = n / (levels * levels), sparse = std::sqrt(n) / levels;
+  return dense < sparse ? dense : sparse;
+}
+
 /// The largest |code| one rank may send so that the sum over `ranks` ranks
 /// always fits a signed Lane: floor(max(Lane) / ranks).
 template <class Lane>

@@ -1,7 +1,8 @@
 // GlobalRandK-MaxNorm (Vineeth S, arXiv 2109.12497): K coordinates drawn by
 // a random permutation from a stream every rank shares (the same coordinates
 // on every rank, new every step), QSGD-MaxNorm on them, zeros elsewhere;
-// error feedback keeps what was not sent.
+// error feedback, where asked for, keeps what was not sent (off by default:
+// at the default k and bits the QSGD stage is no contraction, error_bound).
 //
 // Per step: check pass [reads g, e]; gather the K coordinates' acc; their
 // norm and its all-reduce(max); encode [K codes, K residuals]; all-reduce(sum)
@@ -111,7 +112,9 @@ struct global_randk {
   /// Spec: k, bits, lane. Automatic lane: int8 while bits <= 7 and
   /// n x (2^bits - 1) fits in 127, else int32.
   static constexpr std::string_view spec_keys = "k bits lane";
-  static constexpr bool error_feedback_by_default = true;
+  /// Its QSGD stage is no contraction at the default k and bits (see
+  /// error_bound), so no error feedback unless asked for.
+  static constexpr bool error_feedback_by_default = false;
   /// make(the compressor the spec sets, in its lane for `ranks` ranks).
   template <class Spec, class Make>
   static decltype(auto) from_spec(Spec const& s, int ranks, Make&& make) {
@@ -133,6 +136,15 @@ struct global_randk {
   std::int64_t levels() const { return (std::int64_t{1} << bits) - 1; }
   /// Coordinates sent from a bucket of d (none from an empty one).
   std::size_t sent(std::size_t d) const { return d == 0 ? 0 : k; }
+
+  /// E||Q(x) - x||^2 / ||x||^2 at most for the K quantized coordinates:
+  /// min(K / s^2, sqrt(K) / s) (6.7 at the default k = 10000, 4 bits; the
+  /// coordinates not sent are kept whole). The allreducer refuses error
+  /// feedback where it reaches 1: with feedback, choose k < s^2 (225 at 4
+  /// bits) or more bits.
+  double error_bound(bucket_layout const& layout) const {
+    return detail::qsgd_error_bound(sent(layout.size()), static_cast<double>(levels()));
+  }
 
   /// Throws invalid_argument for k outside 1..d (any k is fine for an empty
   /// bucket), bits outside the lane, or n ranks whose summed codes could

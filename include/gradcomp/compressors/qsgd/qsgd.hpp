@@ -100,6 +100,13 @@ struct qsgd {
   /// s.
   std::int64_t levels() const { return (std::int64_t{1} << bits) - 1; }
 
+  /// E||Q(x) - x||^2 / ||x||^2 at most, on this bucket: min(d / s^2,
+  /// sqrt(d) / s). The allreducer refuses error feedback where it reaches 1
+  /// (4 bits: buckets of 225 elements or more).
+  double error_bound(bucket_layout const& layout) const {
+    return detail::qsgd_error_bound(layout.size(), static_cast<double>(levels()));
+  }
+
   /// Throws invalid_argument for bits outside 1..(7 for int8, 24 for int32)
   /// or n ranks whose summed codes could overflow the lane.
   void validate(bucket_layout const&, int ranks) const { detail::expect_code_bits<Lane>("qsgd", ranks, bits); }
