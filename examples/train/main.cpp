@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -90,7 +91,7 @@ std::string compressor_flags() {
   out +=
       row("--lane auto|int8|int32", takers("lane") + ": the integer lane (auto: the narrowest that cannot overflow)");
   out += row("--ef on|off",
-             "residual error feedback (default: the compressor's; off for the unbiased baselines and qsgd)");
+             "residual error feedback (default: the compressor's; off for the unbiased baselines, qsgd and global_randk)");
   out += row("--list-compressors", "print the compressor names, one per line");
   return out;
 }
@@ -260,7 +261,25 @@ cli parse(int argc, char** argv) {
   return c;
 }
 
-void report(cli const& c, int ranks, train::result const& r) {
+// Why a run diverged, or empty: a loss that is not finite, or test accuracy
+// at chance (10 classes) for three evaluations in a row.
+std::string divergence(train::result const& r) {
+  int at_chance = 0;
+  for (auto const& e : r.records) {
+    if (!std::isfinite(e.loss)) return "the training loss at step " + std::to_string(e.step) + " is not finite";
+    at_chance = e.test_accuracy < 0.15 ? at_chance + 1 : 0;
+    if (at_chance == 3)
+      return "test accuracy is at chance (" + std::to_string(e.test_accuracy) + ") for three evaluations up to step " +
+             std::to_string(e.step);
+  }
+  return {};
+}
+
+constexpr char const* divergence_hint =
+    "; a lower --lr, --warmup N or a less aggressive compressor (for topkc a larger --fraction) usually trains";
+
+// Prints the evaluations and the summary; false when the run diverged.
+bool report(cli const& c, int ranks, train::result const& r) {
   gradcomp::compressor_spec const spec = c.o.spec();
   std::string const name = spec.str();
   std::printf("%8s %7s %9s %11s %9s %10s %14s %8s %9s\n", "step", "epoch", "wall_s", "compress_s", "comm_s",
@@ -270,8 +289,9 @@ void report(cli const& c, int ranks, train::result const& r) {
                 e.comm_s, e.exposed_s, e.wire_bytes, e.loss, e.test_accuracy);
   if (r.records.empty()) {
     std::printf("summary: no steps left to run\n");
-    return;
+    return true;
   }
+  std::string const diverged = divergence(r);
   auto const& last = r.records.back();
   std::string const to_target = r.time_to_target < 0 ? "not-reached" : std::to_string(r.time_to_target);
   std::string const steps_to = r.steps_to_target == 0 ? "not-reached" : std::to_string(r.steps_to_target);
@@ -280,12 +300,12 @@ void report(cli const& c, int ranks, train::result const& r) {
       "target=%.3f "
       "time_to_target_s=%s "
       "steps_to_target=%s final_accuracy=%.4f steps=%zu wire_bytes_per_step=%zu compress_share=%.3f "
-      "exposed_share=%.3f weights=%016llx\n",
+      "exposed_share=%.3f weights=%016llx status=%s\n",
       name.c_str(), ranks, c.o.ranks_per_node, c.backend.c_str(), c.o.overlap ? "on" : "off", c.o.grad_dtype.c_str(),
       c.o.shard_optimizer ? "sharded" : "replicated", c.o.gather_dtype == "bf16" ? "~bf16" : "", c.o.target,
       to_target.c_str(), steps_to.c_str(), last.test_accuracy, last.step, r.wire_bytes_per_step,
       last.wall_s > 0 ? last.compress_s / last.wall_s : 0.0, last.wall_s > 0 ? last.exposed_s / last.wall_s : 0.0,
-      static_cast<unsigned long long>(r.weights_hash));
+      static_cast<unsigned long long>(r.weights_hash), diverged.empty() ? "trained" : "diverged");
   if (!c.out.empty()) {
     std::ofstream csv(c.out);
     csv << "compressor,ranks,step,epoch,wall_s,compress_s,comm_s,exposed_s,wire_bytes,loss,test_acc\n";
@@ -294,6 +314,8 @@ void report(cli const& c, int ranks, train::result const& r) {
           << e.compress_s << ',' << e.comm_s << ',' << e.exposed_s << ',' << e.wire_bytes << ',' << e.loss << ','
           << e.test_accuracy << '\n';
   }
+  if (!diverged.empty()) std::fprintf(stderr, "train: the run diverged: %s%s\n", diverged.c_str(), divergence_hint);
+  return diverged.empty();
 }
 
 // OpenBLAS names the CPU by its model; a model newer than the library gets
@@ -334,8 +356,7 @@ int main(int argc, char** argv) {
         auto mine = train::train_rank(comm, c.o, train_set, test_set);
         if (comm.rank() == 0) r = std::move(mine);
       });
-      report(c, c.o.ranks, r);
-      return 0;
+      return report(c, c.o.ranks, r) ? 0 : 3;
     }
 #if TRAIN_HAS_MPI
     if (c.backend == "mpi") {
@@ -347,21 +368,23 @@ int main(int argc, char** argv) {
         c.overlap_auto = false;
       }
       int rank = 0;
+      bool trained = true;
       {
         gradcomp::mpi_communicator comm(MPI_COMM_WORLD);
         comm.set_poll_interval(std::chrono::microseconds(c.mpi_poll_us));
         rank = comm.rank();
         if (c.overlap_auto && provided >= MPI_THREAD_SERIALIZED) c.o.overlap = spare_cores(ranks_on_this_host(comm));
         auto const r = train::train_rank(comm, c.o, train_set, test_set);
-        if (rank == 0) report(c, comm.size(), r);
+        if (rank == 0) trained = report(c, comm.size(), r);
       }
       MPI_Finalize();
-      return 0;
+      return trained ? 0 : 3;
     }
 #endif
 #if TRAIN_HAS_NCCL
     if (c.backend == "nccl") {
       MPI_Init(&argc, &argv);
+      bool trained = true;
       {
         gradcomp::mpi_communicator control(MPI_COMM_WORLD);
         int devices = 0;
@@ -375,16 +398,19 @@ int main(int argc, char** argv) {
         {
           auto nccl = gradcomp::nccl_communicator::create(id, control.size(), control.rank(), stream);
           auto const r = train::train_rank(control, c.o, train_set, test_set, train::nccl_reducers(c.o, nccl));
-          if (control.rank() == 0) report(c, control.size(), r);
+          if (control.rank() == 0) trained = report(c, control.size(), r);
         }
         cudaStreamDestroy(stream);
       }
       MPI_Finalize();
-      return 0;
+      return trained ? 0 : 3;
     }
 #endif
     usage("unknown or unavailable backend '" + c.backend + "' (local" + (TRAIN_HAS_MPI ? ", mpi" : "") +
           (TRAIN_HAS_NCCL ? ", nccl)" : ")"));
+  } catch (gradcomp::nonfinite_error const& e) {  // the gradients overflowed: the run diverged
+    std::cerr << "train: the run diverged: " << e.what() << divergence_hint << '\n';
+    return 3;
   } catch (std::exception const& e) {
     std::cerr << "train: " << e.what() << '\n';
     return 1;

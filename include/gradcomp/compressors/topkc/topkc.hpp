@@ -234,7 +234,13 @@ struct topkc {
   static constexpr std::size_t max_chunk_size = std::size_t{1} << 30;
 
   std::size_t chunk_size = 256;        ///< C, a power of two up to 2^30.
-  double fraction = 0.01;              ///< Share of chunks kept, in (0, 1], when `chunks` is from_fraction.
+  /// Share of chunks kept, in (0, 1], when `chunks` is from_fraction. The
+  /// default, 5%, is where the example task trains as bf16 does with SGD at
+  /// momentum 0.9 and lr 0.05 (test accuracy 0.84-0.85 at step 400 over three
+  /// seeds, 4 ranks, chunks of 256); at 2-3% it still trains (0.82-0.84), at
+  /// 1% it diverges to chance: very sparse updates want a lower learning
+  /// rate or warm-up.
+  double fraction = 0.05;
   std::size_t chunks = from_fraction;  ///< K, the number of chunks kept (0 sends no values).
   /// Debug: ranks compare a hash of their selections every step (one more
   /// all-gather of 8 bytes per rank); ranks that differ all get
