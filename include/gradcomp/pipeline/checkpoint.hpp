@@ -207,5 +207,34 @@ inline span<std::byte const> open(span<std::byte const> bytes, checkpoint_identi
   return bytes.subspan(checkpoint_header_bytes, static_cast<std::size_t>(length));
 }
 
+/// Several reducers' checkpoints in one (a model's buckets): their count,
+/// then each one's bytes, under `id`. `reducers` holds pointers.
+template <class Reducers>
+std::vector<std::byte> save_each(checkpoint_identity const& id, Reducers const& reducers) {
+  checkpoint_writer w(id);
+  w.word(reducers.size());
+  for (auto const& r : reducers) {
+    auto const blob = r->save();
+    w.word(blob.size());
+    w.raw(blob.data(), blob.size());
+  }
+  return std::move(w).finish();
+}
+
+/// Checks and parses what save_each wrote, reducer by reducer (each one's
+/// parse_checkpoint), changing nothing; throws checkpoint_error.
+template <class Reducers>
+auto parse_each(span<std::byte const> bytes, checkpoint_identity const& id, Reducers const& reducers) {
+  std::vector<decltype(reducers.front()->parse_checkpoint(span<std::byte const>{}))> parsed;
+  checkpoint_reader r(open(bytes, id));
+  std::uint64_t const count = r.word("the bucket count");
+  if (count != reducers.size())
+    throw checkpoint_error("checkpoint: " + std::to_string(count) + " buckets where this model has " +
+                           std::to_string(reducers.size()));
+  for (auto const& reducer : reducers) parsed.push_back(reducer->parse_checkpoint(r.block("a bucket")));
+  r.finish();
+  return parsed;
+}
+
 }  // namespace detail
 }  // namespace gradcomp

@@ -129,16 +129,23 @@ inline void expect_none_failed(agreement const& all, std::string const& mine, st
                            detail::reason_of(all, r, mine));
 }
 
-/// The verdict on a set-up whose statements carry each rank's bucket size in
-/// `a` and its configuration's hash in `b`: unless all agree, throws
-/// invalid_argument on every rank, "WHO: ranks disagree on the bucket size:
-/// ..." or "WHO: rank r's DIFFERS", r the first rank that differs.
-inline void expect_same_bucket(agreement const& all, std::string const& who, std::string const& differs) {
+/// The verdict on a set-up whose statements carry a count in `a` (WHAT's
+/// size, in UNITs) and a configuration's hash in `b`: unless all agree,
+/// throws invalid_argument on every rank, "WHO: ranks disagree on WHAT: rank
+/// 0 has N UNITs, rank r has M" or "WHO: rank r's DIFFERS", r the first rank
+/// that differs.
+inline void expect_same(agreement const& all, std::string const& who, std::string const& what, std::string const& unit,
+                        std::string const& differs) {
   if (int const r = all.first_other_a(); r >= 0)
-    throw invalid_argument(who + ": ranks disagree on the bucket size: rank 0 has " + std::to_string(all.of(0).a) +
-                           " elements, rank " + std::to_string(r) + " has " + std::to_string(all.of(r).a));
+    throw invalid_argument(who + ": ranks disagree on " + what + ": rank 0 has " + std::to_string(all.of(0).a) + " " +
+                           unit + ", rank " + std::to_string(r) + " has " + std::to_string(all.of(r).a));
   if (int const r = all.first_other_b(); r >= 0)
     throw invalid_argument(who + ": rank " + std::to_string(r) + "'s " + differs);
+}
+
+/// expect_same for a bucket: its size in elements in `a`.
+inline void expect_same_bucket(agreement const& all, std::string const& who, std::string const& differs) {
+  expect_same(all, who, "the bucket size", "elements", differs);
 }
 
 /// The verdict on a restore whose statements carry each rank's step in `a`:

@@ -4,9 +4,11 @@
 #pragma once
 
 #include <gradcomp/detail/checked.hpp>
+#include <gradcomp/detail/hash.hpp>
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <utility>
 #include <vector>
 
@@ -90,6 +92,23 @@ inline bucket_plan plan_buckets(std::vector<std::vector<std::size_t>> const& sha
   }
   plan.buckets = std::move(closed);
   return plan;
+}
+
+/// A hash of a plan and the shapes it was made from (each tensor's rank and
+/// extents, the element size, every bucket's kind and parameters), so ranks
+/// can check in one agreement that they built the same buckets.
+inline std::uint64_t plan_fingerprint(bucket_plan const& plan, std::vector<std::vector<std::size_t>> const& shapes,
+                                      std::size_t element_bytes) {
+  std::uint64_t h = detail::hash_combine(detail::hash("bucket_plan"), element_bytes);
+  for (auto const& s : shapes) {
+    h = detail::hash_combine(h, s.size());
+    for (std::size_t extent : s) h = detail::hash_combine(h, extent);
+  }
+  for (auto const& b : plan.buckets) {
+    h = detail::hash_combine(h, b.compressed ? 1u : 0u);
+    for (std::size_t p : b.params) h = detail::hash_combine(h, p);
+  }
+  return h;
 }
 
 }  // namespace gradcomp

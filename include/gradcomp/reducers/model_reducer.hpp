@@ -181,16 +181,7 @@ class model_reducer {
 
   /// This rank's state (see allreducer::save), every bucket's.
   /// @note Waits for the reductions.
-  std::vector<std::byte> save() {
-    detail::checkpoint_writer w(identity());
-    w.word(reducers_.size());
-    for (auto& r : reducers_) {
-      auto const blob = r->save();
-      w.word(blob.size());
-      w.raw(blob.data(), blob.size());
-    }
-    return std::move(w).finish();
-  }
+  std::vector<std::byte> save() { return detail::save_each(identity(), reducers_); }
 
   /// Restores what save() wrote, on every rank together: if any rank's
   /// checkpoint or any bucket in it is unusable, or the ranks' steps differ,
@@ -199,26 +190,14 @@ class model_reducer {
   void restore(span<std::byte const> bytes) {
     std::vector<bucket_checkpoint> parsed;
     std::string failure;
-    std::uint64_t steps = 0;
     try {
-      detail::checkpoint_reader r(detail::open(bytes, identity()));
-      std::uint64_t const count = r.word("the bucket count");
-      if (count != reducers_.size())
-        throw checkpoint_error("checkpoint: " + std::to_string(count) + " buckets where this model has " +
-                               std::to_string(reducers_.size()));
-      for (auto const& reducer : reducers_) {
-        auto const blob = r.block("a bucket");
-        parsed.push_back(reducer->parse_checkpoint(blob));
-      }
-      r.finish();
-      steps = parsed.empty() ? 0 : parsed.front().steps;
+      parsed = detail::parse_each(bytes, identity(), reducers_);
     } catch (checkpoint_error const& e) {
       failure = e.what();
     }
+    std::uint64_t const steps = parsed.empty() ? 0 : parsed.front().steps;
     // One agreement for every bucket, over the world.
-    expect_restorable(groups_ ? agreement(groups_->local, groups_->cross, space_, steps, 0, failure)
-                              : agreement(*collective_, space_, steps, 0, failure),
-                      failure);
+    expect_restorable(agree(steps, 0, failure), failure);
     for (std::size_t b = 0; b < reducers_.size(); ++b) reducers_[b]->restore(parsed[b]);
   }
   /// @}
@@ -273,32 +252,19 @@ class model_reducer {
   // model has another number of tensors or buckets would otherwise wait in a
   // bucket's construction that its peers never start.
   void agree_on_plan(std::vector<shape> const& shapes, std::string const& failure) {
-    std::uint64_t h = detail::hash(options_.compressor.str(), detail::hash(options_.small.str()));
-    h = detail::hash_combine(h, sizeof(Gradient));
-    for (shape const& s : shapes) {
-      h = detail::hash_combine(h, s.size());
-      for (std::size_t extent : s) h = detail::hash_combine(h, extent);
-    }
-    for (auto const& b : plan_.buckets) {
-      h = detail::hash_combine(h, b.compressed ? 1u : 0u);
-      for (std::size_t p : b.params) h = detail::hash_combine(h, p);
-    }
-    std::uint64_t const tensors = shapes.size();
-    agreement const all = groups_ ? agreement(groups_->local, groups_->cross, space_, tensors, h, failure)
-                                  : agreement(*collective_, space_, tensors, h, failure);
+    std::uint64_t const h =
+        detail::hash_combine(plan_fingerprint(plan_, shapes, sizeof(Gradient)),
+                             detail::hash(options_.compressor.str(), detail::hash(options_.small.str())));
+    agreement const all = agree(shapes.size(), h, failure);
     expect_none_failed(all, failure, "model_reducer", "this model or these options");
-    if (int const r = all.first_other_a(); r >= 0)
-      throw invalid_argument("model_reducer: ranks disagree on the model: rank 0 has " + std::to_string(all.of(0).a) +
-                             " tensors, rank " + std::to_string(r) + " has " + std::to_string(all.of(r).a));
-    if (int const r = all.first_other_b(); r >= 0)
-      throw invalid_argument("model_reducer: rank " + std::to_string(r) +
-                             "'s model differs from rank 0's (tensor shapes, gradient type, compressors or bucket "
-                             "rules)");
+    expect_same(all, "model_reducer", "the model", "tensors",
+                "model differs from rank 0's (tensor shapes, gradient type, compressors or bucket rules)");
   }
 
-  int world_size() const { return groups_ ? groups_->nodes() * groups_->ranks_per_node() : collective_->size(); }
-  int world_rank() const {
-    return groups_ ? groups_->cross.rank() * groups_->ranks_per_node() + groups_->local.rank() : collective_->rank();
+  // One agreement over the world: flat, or over the node groups.
+  agreement agree(std::uint64_t a, std::uint64_t b, std::string const& failure) {
+    return groups_ ? agreement(groups_->local, groups_->cross, space_, a, b, failure)
+                   : agreement(*collective_, space_, a, b, failure);
   }
 
   void check_parameter(std::size_t p) const {
@@ -376,8 +342,10 @@ class model_reducer {
   }
 
   detail::checkpoint_identity identity() const {
-    return {checkpoint_kind::reducer, fingerprint(), static_cast<std::uint32_t>(world_size()),
-            static_cast<std::uint32_t>(world_rank())};
+    int const size = groups_ ? groups_->size() : collective_->size(),
+              rank = groups_ ? groups_->rank() : collective_->rank();
+    return {checkpoint_kind::reducer, fingerprint(), static_cast<std::uint32_t>(size),
+            static_cast<std::uint32_t>(rank)};
   }
 
   Collective* collective_;  // the world, or (hierarchical) this rank's node

@@ -23,6 +23,10 @@ struct node_groups {
   int nodes() const { return cross.size(); }
   /// Ranks per node.
   int ranks_per_node() const { return local.size(); }
+  /// Ranks in the world.
+  int size() const { return nodes() * ranks_per_node(); }
+  /// This rank in the world: nodes of consecutive ranks.
+  int rank() const { return cross.rank() * ranks_per_node() + local.rank(); }
 };
 
 /// Splits `world` into nodes, and each rank's rail across them. Nodes are
