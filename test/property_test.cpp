@@ -204,8 +204,10 @@ TEST_CASE("values beyond 1e38 are carried or refused on every rank, never return
                                                                   {.nonfinite = policy});
             std::size_t const d = reduce.layout().size();
             auto kept = [&] {
-              if constexpr (EF::enabled) return std::vector<float>(reduce.residual().begin(), reduce.residual().end());
-              else return std::vector<float>{};
+              if constexpr (EF::enabled)
+                return std::vector<float>(reduce.residual().begin(), reduce.residual().end());
+              else
+                return std::vector<float>{};
             };
             auto all_finite = [](std::vector<float> const& x) {
               return std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); });

@@ -90,8 +90,9 @@ std::string compressor_flags() {
   });
   out +=
       row("--lane auto|int8|int32", takers("lane") + ": the integer lane (auto: the narrowest that cannot overflow)");
-  out += row("--ef on|off",
-             "residual error feedback (default: the compressor's; off for the unbiased baselines, qsgd and global_randk)");
+  out +=
+      row("--ef on|off",
+          "residual error feedback (default: the compressor's; off for the unbiased baselines, qsgd and global_randk)");
   out += row("--list-compressors", "print the compressor names, one per line");
   return out;
 }

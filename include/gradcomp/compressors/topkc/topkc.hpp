@@ -233,7 +233,7 @@ struct topkc {
   /// The largest chunk size: chunk offsets and payload sizes stay far from overflow.
   static constexpr std::size_t max_chunk_size = std::size_t{1} << 30;
 
-  std::size_t chunk_size = 256;        ///< C, a power of two up to 2^30.
+  std::size_t chunk_size = 256;  ///< C, a power of two up to 2^30.
   /// Share of chunks kept, in (0, 1], when `chunks` is from_fraction. The
   /// default, 5%, is where the example task trains as bf16 does with SGD at
   /// momentum 0.9 and lr 0.05 (test accuracy 0.84-0.85 at step 400 over three
