@@ -86,10 +86,13 @@ struct accumulated {
   GRADCOMP_HOST_DEVICE float operator()(std::size_t, float g, float e) const { return g + e; }
 };
 
+/// Half of float's largest value (1.7e38): the most a quantizer lets a
+/// decoded value or a residual reach, leaving room for rounding.
+inline constexpr double carried_magnitude = 1.7014117331926443e38;
+
 /// The largest norm a QSGD-style step carries: its decoded means are at most
-/// the norm and its residuals at most a unit, so both stay finite with room
-/// for rounding up to half of float's largest value (1.7e38).
-inline constexpr double qsgd_carried_norm = 1.7014117331926443e38;
+/// the norm and its residuals at most a unit.
+inline constexpr double qsgd_carried_norm = carried_magnitude;
 
 /// Whether a squared norm (finite: the norm passes leave bad values out) is
 /// beyond `limit` squared (an input-only pass over the norms).

@@ -63,7 +63,7 @@ struct intsgd_scale_beyond {
   intsgd_scale p;
   double lane_span;  // M
   GRADCOMP_HOST_DEVICE bool operator()(std::size_t, double r) const {
-    return !(lane_span / (p.ranks * p.alpha(r)) <= 1.7014117331926443e38);
+    return !(lane_span / (p.ranks * p.alpha(r)) <= carried_magnitude);
   }
 };
 

@@ -21,9 +21,10 @@
 //   4. decode pass, one block at a time [reads levels; writes g]: mean value
 //      -> z -> inverse rotation -> scale back -> output (on a reduce-scatter
 //      step, only the blocks of this rank's shard).
-// Wire bytes: padded d x sizeof(Lane) + 8 per group. Carries groups whose
-// norm is up to carried_norm() (5.4e37 at the default clamp). A lane must hold the
+// Wire bytes: padded d x sizeof(Lane) + 8 per group. A lane must hold the
 // sum of n ranks' values: n x top <= max(Lane), checked at construction.
+// Carries groups whose norm is up to carried_norm() (5.4e37 at the default
+// clamp); every rank refuses a step beyond it.
 #pragma once
 
 #include <gradcomp/algorithm/segmented_reduce.hpp>
@@ -124,9 +125,7 @@ struct thc {
   /// T x the norm (an orthonormal rotation of values within [-T, T]) and a
   /// residual at most (1 + T) x the norm, so max(float) / (2 (1 + T)), 5.4e37
   /// at the default T. Every rank refuses a step beyond it.
-  double carried_norm() const {
-    return static_cast<double>(std::numeric_limits<float>::max()) / (2.0 * (1.0 + clamp_value()));
-  }
+  double carried_norm() const { return detail::carried_magnitude / (1.0 + clamp_value()); }
 
   /// Throws invalid_argument for a block that is not a power of two (or
   /// beyond 4096), more stages than log2(B), a group that is not a multiple
