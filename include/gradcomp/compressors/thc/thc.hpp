@@ -207,17 +207,17 @@ struct thc {
         "once per group)");
     ctx.all_reduce(ws.norms, reduce_op::max);
 
-    detail::thc_block_params const p{
-        d,
-        block,
-        stage_count(),
-        group,
-        ws.norms.data(),
-        detail::thc_rotation_scale(stage_count()),
-        {clamp_value(), static_cast<float>(top()), quantizer == thc_quantizer::table},
-        ctx.random(seed, random_purpose::rotation_signs, random_stream::shared),
-        ctx.random(seed, random_purpose::rounding, ctx.own_lane()),
-        static_cast<float>(2.0 * clamp_value() / (static_cast<double>(top()) * ctx.ranks()))};
+    float const t = clamp_value();  // T (a bisection unless set: once a step)
+    detail::thc_block_params const p{d,
+                                     block,
+                                     stage_count(),
+                                     group,
+                                     ws.norms.data(),
+                                     detail::thc_rotation_scale(stage_count()),
+                                     {t, static_cast<float>(top()), quantizer == thc_quantizer::table},
+                                     ctx.random(seed, random_purpose::rotation_signs, random_stream::shared),
+                                     ctx.random(seed, random_purpose::rounding, ctx.own_lane()),
+                                     static_cast<float>(2.0 * t / (static_cast<double>(top()) * ctx.ranks()))};
     detail::for_each_block(space, {0, blocks}, block,
                            detail::thc_encode<Lane, EF, G>{p, gradient.data(), ef, ws.levels.data()});
     ctx.aggregate_elementwise(ws.levels, ws.scratch);
