@@ -23,6 +23,7 @@ output when a change touches a hot path. Exit status 1 when a check fails.
 """
 
 import json
+import re
 import subprocess
 import sys
 
@@ -56,7 +57,7 @@ RELATIONS = [(a, b, f, d) for d in (M1, M64) for a, b, f in (("bf16", "bf16:ef=o
 
 def run(binary):
     names = sorted({f"host/{row}/{elements}/" for row, elements, _, _ in ROWS})
-    pattern = "^(" + "|".join(n.replace("(", r"\(").replace(")", r"\)") for n in names) + ")"
+    pattern = "^(" + "|".join(re.escape(n) for n in names) + ")"
     out = subprocess.run(
         [binary, f"--benchmark_filter={pattern}", "--benchmark_repetitions=3", "--benchmark_format=json"],
         check=True, capture_output=True, text=True).stdout
