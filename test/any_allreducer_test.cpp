@@ -184,19 +184,18 @@ TEST_CASE("error feedback is refused where the compressor is no contraction") {
     std::size_t d;
     bool refused;
   };
-  for (auto const& [text, d, refused] :
-       {expectation{"global_randk:ef=on", 20000, true}, expectation{"global_randk", 20000, false},
-        expectation{"global_randk:k=224,ef=on", 20000, false},  // 224 / 225 < 1
-        expectation{"global_randk:k=225,ef=on", 20000, true}, expectation{"qsgd:ef=on", 1000, true},
-        expectation{"qsgd", 1000, false}, expectation{"qsgd:bits=10,ef=on", 1000, false}}) {
+  for (auto const& x : {expectation{"global_randk:ef=on", 20000, true}, expectation{"global_randk", 20000, false},
+                        expectation{"global_randk:k=224,ef=on", 20000, false},  // 224 / 225 < 1
+                        expectation{"global_randk:k=225,ef=on", 20000, true}, expectation{"qsgd:ef=on", 1000, true},
+                        expectation{"qsgd", 1000, false}, expectation{"qsgd:bits=10,ef=on", 1000, false}}) {
     auto const errors = mpi_like_group::run(3, [&](mpi_like_group::communicator& comm) {
-      any_allreducer<mpi_like_group::communicator, host_space> r(compressor_spec::parse(text), comm, bucket_layout(d),
-                                                                 host_space{});
+      any_allreducer<mpi_like_group::communicator, host_space> r(compressor_spec::parse(x.spec), comm,
+                                                                 bucket_layout(x.d), host_space{});
     });
     for (auto const& e : errors) {
-      INFO(text << ": " << message_of(e));
-      CHECK(static_cast<bool>(e) == refused);
-      if (refused) CHECK(message_of(e).find("needs a contraction") != std::string::npos);
+      INFO(x.spec << ": " << message_of(e));
+      CHECK(static_cast<bool>(e) == x.refused);
+      if (x.refused) CHECK(message_of(e).find("needs a contraction") != std::string::npos);
     }
   }
 }

@@ -97,7 +97,8 @@ inline constexpr double qsgd_carried_norm = carried_magnitude;
 /// Whether a squared norm (finite: the norm passes leave bad values out) is
 /// beyond `limit` squared (an input-only pass over the norms).
 struct squared_norm_beyond {
-  double limit;  // the norm's, not squared
+  static constexpr bool vectorizes = false;  // (one norm per bucket or scale group: nothing to vectorize)
+  double limit;                              // the norm's, not squared
   GRADCOMP_HOST_DEVICE bool operator()(std::size_t, double squared) const { return !(squared <= limit * limit); }
 };
 

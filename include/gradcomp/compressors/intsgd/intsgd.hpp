@@ -60,6 +60,7 @@ struct intsgd_scale {
 /// within half of float's largest value (room for rounding), or the output
 /// and the residual could be infinite.
 struct intsgd_scale_beyond {
+  static constexpr bool vectorizes = false;  // (one element, and it calls sqrt)
   intsgd_scale p;
   double lane_span;  // M
   GRADCOMP_HOST_DEVICE bool operator()(std::size_t, double r) const {
