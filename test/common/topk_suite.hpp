@@ -162,7 +162,7 @@ TEST_CASE_TEMPLATE_DEFINE("TopK returns the reference sparse mean", Setup, topk_
       float const inverse = 1.0f / static_cast<float>(n);
       for (int r = 0; r < n; ++r) {
         std::vector<std::uint32_t> keys(d);
-        for (std::size_t i = 0; i < d; ++i) keys[i] = detail::float_bits(grads[r][i]) & 0x7fffffffu;
+        for (std::size_t i = 0; i < d; ++i) keys[i] = gradcomp::detail::float_bits(grads[r][i]) & 0x7fffffffu;
         auto const top = reference_top(keys, k);
         for (auto i : top) expected[i] += static_cast<float>(bfloat16(grads[r][i] * inverse));
         if (r == comm.rank()) mine = top;

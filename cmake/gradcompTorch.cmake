@@ -1,0 +1,43 @@
+# PyTorch, for the gradcomp::torch component (the c10d backend) and the
+# Python module: found through the python3 that imports torch.
+#
+# PyTorch's CMake package resets CMAKE_CUDA_ARCHITECTURES and appends to the
+# CUDA flags of whoever finds it; it is looked for inside a function, so those
+# variables stay in the function's scope and gradcomp's own CUDA targets keep
+# theirs. Its imported targets are the directory's, visible to every target.
+function(gradcomp_find_torch)
+  find_package(Python3 COMPONENTS Interpreter Development.Module)
+  if(NOT Python3_FOUND)
+    return()
+  endif()
+  execute_process(COMMAND ${Python3_EXECUTABLE} -c "import torch; print(torch.utils.cmake_prefix_path)"
+                  OUTPUT_VARIABLE prefix OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE status)
+  if(NOT status EQUAL 0)
+    message(STATUS "gradcomp: no PyTorch for ${Python3_EXECUTABLE}; the torch component is not built")
+    return()
+  endif()
+  list(PREPEND CMAKE_PREFIX_PATH ${prefix})
+  find_package(Torch QUIET)
+  if(NOT Torch_FOUND)
+    message(STATUS "gradcomp: PyTorch's CMake package was not usable; the torch component is not built")
+    return()
+  endif()
+  find_library(GRADCOMP_TORCH_PYTHON torch_python PATHS ${TORCH_INSTALL_PREFIX}/lib NO_DEFAULT_PATH REQUIRED)
+  set(GRADCOMP_TORCH_PYTHON ${GRADCOMP_TORCH_PYTHON} PARENT_SCOPE)
+  set(GRADCOMP_TORCH_VERSION ${Torch_VERSION} PARENT_SCOPE)
+  execute_process(COMMAND ${Python3_EXECUTABLE} -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))"
+                  OUTPUT_VARIABLE suffix OUTPUT_STRIP_TRAILING_WHITESPACE)
+  set(GRADCOMP_PYTHON ${Python3_EXECUTABLE} PARENT_SCOPE)
+  set(GRADCOMP_PYTHON_SUFFIX ${suffix} PARENT_SCOPE)
+  set(GRADCOMP_TORCH ON PARENT_SCOPE)
+  message(STATUS "gradcomp: PyTorch ${Torch_VERSION} found: building the torch component")
+endfunction()
+
+# A Python extension module `target` built from `sources`, linked with
+# gradcomp::torch and PyTorch's Python bindings, written to `directory`.
+function(gradcomp_add_python_module target name directory)
+  add_library(${target} MODULE ${ARGN})
+  target_link_libraries(${target} PRIVATE gradcomp::torch Python3::Module ${GRADCOMP_TORCH_PYTHON})
+  set_target_properties(${target} PROPERTIES OUTPUT_NAME ${name} PREFIX "" SUFFIX ${GRADCOMP_PYTHON_SUFFIX}
+                                             LIBRARY_OUTPUT_DIRECTORY ${directory} CXX_VISIBILITY_PRESET hidden)
+endfunction()
