@@ -258,6 +258,29 @@ PYBIND11_MODULE(gradcomp_c10d_tests, m) {
     the_group.reset();
     return failed;
   });
+  // gradcomp's allreducer for `spec` over local_group (in-process ranks),
+  // with the bucket options the DDP hook gives bucket `index`: the steps
+  // `history[step][rank]`; returns `rank`'s output of the last step.
+  m.def("local_allreduce", [](std::string const& spec, std::vector<std::vector<std::int64_t>> const& shapes,
+                              std::size_t index, std::vector<std::vector<at::Tensor>> const& history, int rank) {
+    bucket_layout layout;
+    for (auto const& s : shapes) layout.add(std::vector<std::size_t>(s.begin(), s.end()));
+    int const ranks = static_cast<int>(history.front().size());
+    at::Tensor out;
+    pybind11::gil_scoped_release release;
+    local_group::run(ranks, [&](local_group::communicator& c) {
+      allreducer_options o;
+      o.bucket = index;
+      any_allreducer<local_group::communicator, host_space> r(compressor_spec::parse(spec), c, layout, host_space{1},
+                                                              o);
+      for (auto const& step : history) {
+        at::Tensor g = step[static_cast<std::size_t>(c.rank())].clone();
+        r({g.data_ptr<float>(), static_cast<std::size_t>(g.numel())});
+        if (c.rank() == rank && &step == &history.back()) out = g;
+      }
+    });
+    return out;
+  });
   // One all-reduce that must fail: a peer left or never calls. Returns the
   // collective_error's message and the seconds it took to arrive.
   m.def("failing_all_reduce", [](c10::intrusive_ptr<c10d::ProcessGroup> group, int timeout_ms) {

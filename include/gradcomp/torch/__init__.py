@@ -33,7 +33,11 @@ class GradcompState:
     """
 
     def __init__(self, process_group=None, compressor="topkc", *, small="bf16", min_compression_elements=65536,
-                 warmup=0, seed=None, nonfinite="raise"):
+                 warmup=0, seed=None, nonfinite="raise", model=None):
+        # A parameter's position in the model names it across processes: a
+        # loaded state finds its buckets in DDP's first (unrebuilt) bucket.
+        self._positions = {id(p): i for i, p in enumerate(model.parameters())} if model is not None else {}
+        self._units = {}  # reduction index -> the parameter positions it holds
         self.compressor = parse_spec(compressor)
         self.small = parse_spec(small)
         self.min_compression_elements = int(min_compression_elements)
@@ -70,7 +74,8 @@ class GradcompState:
         self._worker.submit(lambda: None).result()  # every submitted bucket is done
         iterations, buckets = self._impl.save()
         return {"gradcomp": __version__, "compressor": self.compressor, "small": self.small,
-                "iterations": iterations, "buckets": buckets}
+                "iterations": iterations, "buckets": buckets,
+                "units": {i: u for i, u in self._units.items() if i in buckets}}
 
     def load_state_dict(self, state):
         """Restores what ``state_dict()`` saved on this rank (every rank loads
@@ -81,38 +86,87 @@ class GradcompState:
             raise InvalidArgument(f"gradcomp state: a checkpoint of compressor {state.get('compressor')!r} / small "
                                   f"{state.get('small')!r} cannot be loaded into {self.compressor!r} / {self.small!r}")
         self._impl.load(int(state["iterations"]), dict(state["buckets"]))
+        self._units = dict(state.get("units", {}))
 
     def __getstate__(self):
         saved = self.state_dict()
-        keep = {k: v for k, v in self.__dict__.items() if k not in ("process_group", "_impl", "_worker", "_lock")}
+        keep = {k: v for k, v in self.__dict__.items()
+                if k not in ("process_group", "_impl", "_worker", "_lock", "_positions")}
         return {"config": keep, "saved": saved}
 
     def __setstate__(self, state):
         self.__dict__.update(state["config"])
+        self._positions = {}
         self._bind(None)
         self.load_state_dict(state["saved"])
+
+
+def _pieces(state, bucket):
+    """The reductions a DDP bucket is made of, as (index, slices of the
+    buffer, shapes): the bucket itself; or, where its parameters are exactly
+    those of known reductions (a state loaded into a fresh DDP, whose first
+    bucket holds every parameter, in another order), those reductions, each
+    gathered in its own order, so a resumed run reduces as the saved one did."""
+    params = bucket.parameters()
+    shapes = [list(p.shape) for p in params]
+    whole = [(bucket.index(), [(0, bucket.buffer().numel())], shapes)]
+    positions = [state._positions.get(id(p), -1) for p in params]
+    if not state._positions or -1 in positions:
+        return whole
+    key = tuple(positions)
+    for index, unit in state._units.items():
+        if unit == key:
+            return [(index, whole[0][1], shapes)]
+    where, offset = {}, 0
+    for position, p in zip(positions, params):
+        where[position] = (offset, offset + p.numel(), list(p.shape))
+        offset += p.numel()
+    covering = [(i, u) for i, u in sorted(state._units.items()) if set(u) <= where.keys()]
+    covered = [position for _, u in covering for position in u]
+    if sorted(covered) != sorted(positions):  # a new bucket (DDP rebuilt them): a reduction of its own
+        state._units[bucket.index()] = key
+        return whole
+    return [(i, [where[q][:2] for q in u], [where[q][2] for q in u]) for i, u in covering]
 
 
 def hook(state: GradcompState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP communication hook: bucket ``bucket.index()`` reduced to the
     mean by gradcomp, on the state's worker thread."""
     buffer = bucket.buffer()
-    index = bucket.index()
-    shapes = [list(p.shape) for p in bucket.parameters()]
+    pieces = _pieces(state, bucket)
     last = bucket.is_last()
     future = torch.futures.Future()
 
     def run():
         try:
-            state._impl.reduce(index, buffer, shapes)
+            for index, slices, shapes in pieces:
+                if len(slices) == 1:
+                    state._impl.reduce(index, buffer[slices[0][0]:slices[0][1]], shapes)
+                    continue
+                gathered = torch.cat([buffer[a:b] for a, b in slices])  # (a resumed run's first iteration only)
+                state._impl.reduce(index, gathered, shapes)
+                at = 0
+                for a, b in slices:
+                    buffer[a:b].copy_(gathered[at:at + b - a])
+                    at += b - a
             if last:
                 state._impl.end_iteration()
             future.set_result(buffer)
-        except BaseException as e:  # delivered to DDP's wait(), on the training thread
-            future.set_exception(e)
+        except Exception as e:
+            future.set_result(e)
 
     state._worker.submit(run)
-    return future
+    return future.then(_raise_failure)
+
+
+def _raise_failure(future):
+    # A failed reduction raises from the callback, which fails the future DDP
+    # waits on with gradcomp's exception (set_exception would hand DDP the
+    # exception object as the bucket's value).
+    value = future.value()
+    if isinstance(value, Exception):
+        raise value
+    return value
 
 
 def register(model, compressor="topkc", *, process_group=None, **options):
@@ -121,6 +175,7 @@ def register(model, compressor="topkc", *, process_group=None, **options):
     ``min_compression_elements``, ``warmup`` (iterations of plain fp32 means,
     like ``start_powerSGD_iter``), ``seed`` and ``nonfinite``
     (``"raise"`` or ``"propagate"``)."""
-    state = GradcompState(process_group if process_group is not None else model.process_group, compressor, **options)
+    state = GradcompState(process_group if process_group is not None else model.process_group, compressor,
+                          model=model.module, **options)
     model.register_comm_hook(state, hook)
     return state

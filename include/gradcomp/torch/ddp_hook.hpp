@@ -58,9 +58,16 @@ class ddp_hook_state {
  public:
   using shapes = std::vector<std::vector<std::int64_t> >;
 
-  /// Buckets reduced over `group` (host tensors, its CPU backend).
+  /// Buckets reduced over `group` (host tensors, its CPU backend). A spec
+  /// the group's size cannot take (a parameter out of range, a lane too
+  /// narrow for its ranks) is refused here.
   ddp_hook_state(c10::intrusive_ptr<c10d::ProcessGroup> group, ddp_hook_options options)
-      : comm_(std::move(group)), options_(std::move(options)) {}
+      : comm_(std::move(group)), options_(std::move(options)) {
+    for (compressor_spec const* spec : {&options_.compressor, &options_.small}) {
+      std::string const failure = detail::spec_failure(*spec, comm_.size(), [](auto) {});
+      GRADCOMP_EXPECTS(failure.empty(), "gradcomp DDP hook: '" + spec->str() + "': " + failure);
+    }
+  }
 
   /// Reduces bucket `index` in place to the mean over the ranks. `buffer` is
   /// DDP's flat fp32 bucket; `params` the shapes of its parameters, in the
@@ -96,11 +103,12 @@ class ddp_hook_state {
     return found == buckets_.end() ? std::string() : found->second.reducer->description();
   }
 
-  /// This rank's state: the iterations, and each built bucket's checkpoint
-  /// (its residual and compressor state, gradcomp's checkpoint bytes).
+  /// This rank's state: the iterations, and each bucket's checkpoint (its
+  /// residual and compressor state, gradcomp's checkpoint bytes; a loaded
+  /// one not yet applied as it was loaded).
   std::pair<std::uint64_t, std::map<std::size_t, std::vector<std::byte> > > save() {
-    std::map<std::size_t, std::vector<std::byte> > out;
-    for (auto& [index, b] : buckets_) out.emplace(index, b.reducer->save());
+    std::map<std::size_t, std::vector<std::byte> > out = pending_;  // loaded, not yet applied
+    for (auto& [index, b] : buckets_) out.insert_or_assign(index, b.reducer->save());
     return {iterations_, std::move(out)};
   }
 

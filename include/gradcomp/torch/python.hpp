@@ -40,10 +40,11 @@ inline void define(py::module_& m) {
       "parse_spec", [](std::string const& text) { return compressor_spec::parse(text).str(); }, py::arg("spec"),
       "Checks a compressor spec and returns it in its canonical form; raises ValueError naming what is wrong.");
 
+  // The base first: pybind11 tries the translators last registered first.
+  py::register_exception<error>(m, "Error", PyExc_RuntimeError);
   py::register_exception<invalid_argument>(m, "InvalidArgument", PyExc_ValueError);
   py::register_exception<collective_error>(m, "CollectiveError", PyExc_RuntimeError);
   py::register_exception<nonfinite_error>(m, "NonfiniteError", PyExc_ArithmeticError);
-  py::register_exception<error>(m, "Error", PyExc_RuntimeError);
 
   py::class_<ddp_hook_state>(m, "HookState", "Every DDP bucket's gradcomp reduction (see gradcomp.torch.register).")
       .def(py::init([](c10::intrusive_ptr<c10d::ProcessGroup> group, std::string const& compressor,

@@ -1,0 +1,268 @@
+"""gradcomp's DDP hook on 4 gloo processes (torch.multiprocessing):
+
+- every registered compressor trains, and the replicas stay bitwise equal;
+- a bucket's hook result is bitwise what gradcomp's allreducer gives the same
+  flat buffers over local_group (in-process ranks), for compressors whose sums
+  are exact in any order;
+- a state saved at iteration N and loaded into fresh processes continues
+  bitwise; the state also pickles without its process group;
+- DDP's bucket rebuild after the first iteration (different buckets) is
+  handled;
+- a bad spec fails every rank at registration, and one a bucket cannot take
+  at the first step, with gradcomp's message.
+
+    PYTHONPATH=build/python:build/test/torch python3 test/torch/ddp_test.py
+"""
+import datetime
+import os
+import pickle
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+RANKS = 4
+SHAPES = (64, 256, 256, 10)
+
+
+class Net(torch.nn.Module):
+    """An MLP whose layers are registered in another order than the forward
+    pass uses them when `shuffled`: DDP's rebuilt buckets then differ from its
+    first ones."""
+
+    def __init__(self, shuffled=False):
+        super().__init__()
+        layers = [torch.nn.Linear(a, b) for a, b in zip(SHAPES, SHAPES[1:])]
+        order = [1, 2, 0] if shuffled else [0, 1, 2]
+        self.names = [f"l{i}" for i in order]
+        for name, i in zip(self.names, order):
+            self.add_module(name, layers[i])
+        self.forward_order = [f"l{i}" for i in range(len(layers))]
+
+    def forward(self, x):
+        for k, name in enumerate(self.forward_order):
+            x = getattr(self, name)(x)
+            if k + 1 < len(self.forward_order):
+                x = torch.relu(x)
+        return x
+
+
+def init(rank, path):
+    dist.init_process_group("gloo", store=dist.FileStore(path, RANKS), rank=rank, world_size=RANKS,
+                            timeout=datetime.timedelta(seconds=60))
+
+
+def model(seed=0, shuffled=False):
+    torch.manual_seed(seed)
+    net = Net(shuffled)
+    ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.15)
+    return net, ddp
+
+
+def batch(rank, iteration):
+    g = torch.Generator().manual_seed(1000 * iteration + rank)
+    return torch.randn(32, SHAPES[0], generator=g), torch.randint(0, SHAPES[-1], (32,), generator=g)
+
+
+def train(ddp, optimizer, first, last, rank):
+    for it in range(first, last):
+        x, y = batch(rank, it)
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return loss.item()
+
+
+def weights(net):
+    return torch.cat([p.detach().flatten() for p in net.parameters()])
+
+
+def replicas_equal(net):
+    flat = weights(net)
+    everyone = [torch.empty_like(flat) for _ in range(RANKS)]
+    dist.all_gather(everyone, flat)
+    return all(torch.equal(everyone[0], w) for w in everyone)
+
+
+OPTIONS = dict(min_compression_elements=1000)  # this model's buckets are small
+
+
+def every_compressor(rank, path, results):
+    import gradcomp.torch as gct
+    init(rank, path)
+    out = {}
+    for name in gct.compressors():
+        spec = {"global_randk": "global_randk:k=2000"}.get(name, name)  # k within the buckets
+        net, ddp = model()
+        state = gct.register(ddp, spec, warmup=1, **OPTIONS)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        loss = train(ddp, optimizer, 0, 4, rank)
+        out[name] = (loss == loss and abs(loss) < 100, replicas_equal(net), state.iterations, state.wire_bytes,
+                     sorted({state.description(i) for i in range(8)} - {""}))
+    results[rank] = out
+    dist.destroy_process_group()
+
+
+def hook_equals_allreducer(rank, path, results):
+    import gradcomp.torch as gct
+    import gradcomp_c10d_tests
+    init(rank, path)
+    out = {}
+    for spec in ("bf16", "thc", "intsgd", "qsgd", "topkc:fraction=1"):
+        net, ddp = model()
+        state = gct.GradcompState(ddp.process_group, spec, **OPTIONS)
+        seen = []  # (iteration, index, shapes, input, output) of every bucket
+
+        def recording(state, bucket):
+            entry = [state.iterations, bucket.index(), [list(p.shape) for p in bucket.parameters()],
+                     bucket.buffer().clone()]
+
+            def keep(fut):
+                seen.append((*entry, fut.value().clone()))
+                return fut.value()
+            return gct.hook(state, bucket).then(keep)
+
+        ddp.register_comm_hook(state, recording)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+        train(ddp, optimizer, 0, 2, rank)
+        same, worst = True, 0.0
+        for iteration, index, shapes, before, after in seen:
+            # Replay every step this bucket's reducer made, on every rank's inputs.
+            history = []
+            steps = [e for e in seen if e[1] == index and e[2] == shapes and e[0] <= iteration]
+            for step in steps:
+                b = step[3]
+                everyone = [torch.empty_like(b) for _ in range(RANKS)]
+                dist.all_gather(everyone, b)
+                history.append(everyone)
+            n = before.numel()
+            compressed = any(len(s) > 1 for s in shapes) and n >= OPTIONS["min_compression_elements"]
+            expected = gradcomp_c10d_tests.local_allreduce(spec if compressed else "bf16", shapes, index, history,
+                                                           rank)
+            same = same and torch.equal(expected, after)
+            worst = max(worst, ((expected - after).abs().max() / expected.abs().max()).item())
+        out[spec] = (same, worst)
+    results[rank] = out
+    dist.destroy_process_group()
+
+
+def checkpointed(rank, path, phase, spec, folder, results):
+    import gradcomp.torch as gct
+    init(rank, path)
+    net, ddp = model(seed=3)
+    state = gct.register(ddp, spec, warmup=2, **OPTIONS)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    file = os.path.join(folder, f"rank{rank}.pt")
+    if phase == "whole":
+        train(ddp, optimizer, 0, 8, rank)
+    elif phase == "first":
+        train(ddp, optimizer, 0, 4, rank)
+        torch.save({"model": net.state_dict(), "optimizer": optimizer.state_dict(), "gradcomp": state.state_dict()},
+                   file)
+    else:
+        saved = torch.load(file, weights_only=False)
+        net.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        state.load_state_dict(saved["gradcomp"])
+        train(ddp, optimizer, 4, 8, rank)
+    copy = pickle.loads(pickle.dumps(state))  # without its process group; takes the default one
+    results[rank] = (weights(net), copy.state_dict()["buckets"].keys() == state.state_dict()["buckets"].keys(),
+                     copy.iterations == state.iterations)
+    dist.destroy_process_group()
+
+
+def rebuilt(rank, path, results):
+    import gradcomp.torch as gct
+    init(rank, path)
+    net, ddp = model(shuffled=True)
+    state = gct.register(ddp, "topkc", **OPTIONS)  # no warm-up: the first buckets are built, then rebuilt
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    train(ddp, optimizer, 0, 4, rank)
+    results[rank] = (replicas_equal(net), state.iterations)
+    dist.destroy_process_group()
+
+
+def bad_specs(rank, path, results):
+    import gradcomp.torch as gct
+    init(rank, path)
+    out = []
+    for spec in ("topkc:fraction=0.1,bits=4", "nosuch"):  # a key topkc does not take; no such compressor
+        net, ddp = model()
+        try:
+            gct.register(ddp, spec)
+            out.append("accepted")
+        except ValueError as e:
+            out.append(str(e))
+    net, ddp = model()
+    gct.register(ddp, "global_randk:k=100000000", **OPTIONS)  # parses; no bucket holds that many values
+    try:
+        train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.05), 0, 1, rank)
+        out.append("trained")
+    except Exception as e:
+        out.append(str(e))
+    results[rank] = out
+    os._exit(0)  # DDP's reducer is left mid-iteration: skip its teardown
+
+
+def launch(target, *args):
+    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(target, args=(os.path.join(tmp, "store"), *args, results), nprocs=RANKS, join=True)
+        return dict(results)
+
+
+def main():
+    failures = []
+
+    def check(ok, what):
+        print(("ok   " if ok else "FAIL ") + what)
+        if not ok:
+            failures.append(what)
+
+    results = launch(every_compressor)
+    for name, (finite, same, iterations, wire, descriptions) in results[0].items():
+        agree = all(results[r][name][:4] == results[0][name][:4] for r in range(RANKS))
+        check(finite and same and iterations == 4 and wire > 0 and agree,
+              f"{name}: trains 4 iterations, replicas bitwise equal, {wire} wire bytes, buckets {descriptions}")
+
+    results = launch(hook_equals_allreducer)
+    for spec in results[0]:
+        # Integer lanes sum exactly: bitwise. gloo adds bf16 values rounding
+        # after each addition, local_group once: within a few bf16 roundings.
+        if spec in ("thc", "intsgd", "qsgd"):
+            check(all(results[r][spec][0] for r in range(RANKS)),
+                  f"{spec}: each bucket's hook result is gradcomp's allreducer's over local_group, bitwise")
+        else:
+            worst = max(results[r][spec][1] for r in range(RANKS))
+            check(worst <= 2 ** -6, f"{spec}: each bucket's hook result is gradcomp's allreducer's over local_group, "
+                                    f"within {worst:.1e} of the largest value")
+
+    for spec in ("topkc", "powersgd"):
+        with tempfile.TemporaryDirectory() as folder:
+            whole = launch(checkpointed, "whole", spec, folder)
+            launch(checkpointed, "first", spec, folder)
+            resumed = launch(checkpointed, "resumed", spec, folder)
+        check(all(torch.equal(whole[r][0], resumed[r][0]) for r in range(RANKS)),
+              f"{spec}: saved at iteration 4 and loaded into fresh processes, iteration 8 is bitwise the same")
+        check(all(resumed[r][1] and resumed[r][2] for r in range(RANKS)),
+              f"{spec}: the state pickles without its process group")
+
+    results = launch(rebuilt)
+    check(all(results[r] == (True, 4) for r in range(RANKS)), "DDP's rebuilt buckets get reductions of their own")
+
+    results = launch(bad_specs)
+    for r in range(RANKS):
+        key, name, step = results[r]
+        check("bits" in key and "topkc" in key, f"rank {r}: a bad spec is refused: {key[:100]}")
+        check("unknown compressor 'nosuch'" in name, f"rank {r}: an unknown compressor is refused: {name[:100]}")
+        check("k = 100000000" in step, f"rank {r}: a spec the bucket cannot take fails the step: {step[:120]}")
+    print(f"{len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
