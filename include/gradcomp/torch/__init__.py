@@ -49,7 +49,7 @@ class GradcompState:
     def _bind(self, process_group):
         self.process_group = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
         self._impl = _C.HookState(self.process_group, self.compressor, self.small, self.min_compression_elements,
-                                  self.warmup, self.seed, self.nonfinite)
+                                  self.warmup, self.seed, self.nonfinite, torch.get_num_threads())
         # One worker: buckets reduce in DDP's order on every rank, while the
         # autograd thread computes the next gradients.
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gradcomp")

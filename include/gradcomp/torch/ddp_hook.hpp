@@ -49,6 +49,9 @@ struct ddp_hook_options {
   /// Non-finite policy and seed of every bucket (each bucket's position is
   /// its DDP index).
   allreducer_options reduce{};
+  /// Threads of the host loops (gradcomp.torch passes torch's intra-op
+  /// thread count, what the user gave each rank); 0: OpenMP's default.
+  int threads = 0;
 };
 
 /// Every DDP bucket's reduction: built on a bucket's first step from its
@@ -159,7 +162,7 @@ class ddp_hook_state {
     allreducer_options o = options_.reduce;
     o.bucket = index;
     bucket b{params, std::make_unique<any_allreducer<c10d_communicator, host_space, float> >(
-                         spec_for(params, elements), comm_, std::move(layout), host_space{}, o)};
+                         spec_for(params, elements), comm_, std::move(layout), host_space{options_.threads}, o)};
     if (auto const saved = pending_.find(index); saved != pending_.end()) {
       auto const bytes = std::move(saved->second);
       pending_.erase(saved);

@@ -49,20 +49,21 @@ inline void define(py::module_& m) {
   py::class_<ddp_hook_state>(m, "HookState", "Every DDP bucket's gradcomp reduction (see gradcomp.torch.register).")
       .def(py::init([](c10::intrusive_ptr<c10d::ProcessGroup> group, std::string const& compressor,
                        std::string const& small, std::size_t min_compression_elements, std::uint64_t warmup,
-                       std::optional<std::uint64_t> seed, std::string const& nonfinite) {
+                       std::optional<std::uint64_t> seed, std::string const& nonfinite, int threads) {
              ddp_hook_options o;
              o.compressor = compressor_spec::parse(compressor);
              o.small = compressor_spec::parse(small);
              o.min_compression_elements = min_compression_elements;
              o.warmup_iterations = warmup;
              o.reduce.seed = seed;
+             o.threads = threads;
              GRADCOMP_EXPECTS(nonfinite == "raise" || nonfinite == "propagate",
                               "nonfinite must be 'raise' or 'propagate', not '" + nonfinite + "'");
              o.reduce.nonfinite = nonfinite == "raise" ? nonfinite_policy::raise : nonfinite_policy::propagate;
              return std::make_unique<ddp_hook_state>(std::move(group), std::move(o));
            }),
            py::arg("group"), py::arg("compressor"), py::arg("small"), py::arg("min_compression_elements"),
-           py::arg("warmup"), py::arg("seed"), py::arg("nonfinite"))
+           py::arg("warmup"), py::arg("seed"), py::arg("nonfinite"), py::arg("threads"))
       .def(
           "reduce",
           [](ddp_hook_state& s, std::size_t index, at::Tensor const& buffer, ddp_hook_state::shapes const& params) {
