@@ -30,7 +30,7 @@ function(gradcomp_find_torch)
   set(GRADCOMP_PYTHON ${Python3_EXECUTABLE} PARENT_SCOPE)
   set(GRADCOMP_PYTHON_SUFFIX ${suffix} PARENT_SCOPE)
   set(GRADCOMP_TORCH ON PARENT_SCOPE)
-  message(STATUS "gradcomp: PyTorch ${Torch_VERSION} found: building the torch component")
+  message(STATUS "gradcomp: PyTorch ${Torch_VERSION} found for ${Python3_EXECUTABLE}: building the torch component")
 endfunction()
 
 # A Python extension module `target` built from `sources`, linked with
@@ -39,5 +39,6 @@ function(gradcomp_add_python_module target name directory)
   add_library(${target} MODULE ${ARGN})
   target_link_libraries(${target} PRIVATE gradcomp::torch Python3::Module ${GRADCOMP_TORCH_PYTHON})
   set_target_properties(${target} PROPERTIES OUTPUT_NAME ${name} PREFIX "" SUFFIX ${GRADCOMP_PYTHON_SUFFIX}
-                                             LIBRARY_OUTPUT_DIRECTORY ${directory} CXX_VISIBILITY_PRESET hidden)
+                                             LIBRARY_OUTPUT_DIRECTORY ${directory} CXX_VISIBILITY_PRESET hidden
+                                             SKIP_BUILD_RPATH ON)  # `import torch` has loaded its libraries
 endfunction()

@@ -1,5 +1,6 @@
-"""Writes the C++ and CUDA code blocks of the docs to files, one per block, so
-the build can compile them as written: snippet_<n>.cpp and snippet_<n>.cu.
+"""Writes the C++, CUDA and Python code blocks of the docs to files, one per
+block, so the build can compile or run them as written: snippet_<n>.cpp,
+snippet_<n>.cu and snippet_<n>.py.
 
 Usage: readme_snippets.py OUT_DIR DOC.md...  (prints the number of blocks)"""
 import pathlib
@@ -12,8 +13,10 @@ for old in out.glob("snippet_*"):
     old.unlink()
 n = 0
 for doc in sys.argv[2:]:
-    blocks = re.findall(r"^```(cpp|cuda)\n(.*?)^```", pathlib.Path(doc).read_text(), flags=re.M | re.S)
+    blocks = re.findall(r"^```(cpp|cuda|python)\n(.*?)^```", pathlib.Path(doc).read_text(), flags=re.M | re.S)
     for language, code in blocks:
-        (out / f"snippet_{n}.{'cu' if language == 'cuda' else 'cpp'}").write_text(f"// {doc}\n{code}")
+        suffix = {"cpp": "cpp", "cuda": "cu", "python": "py"}[language]
+        comment = "#" if language == "python" else "//"
+        (out / f"snippet_{n}.{suffix}").write_text(f"{comment} {doc}\n{code}")
         n += 1
 print(n)

@@ -98,6 +98,25 @@ def wire_bytes(o, model, state):
     return sum(4 * p.numel() for p in params)
 
 
+def serialized(hook):
+    """PyTorch's powerSGD_hook issues a bucket's second all-reduce from a
+    callback of its first; over gloo that callback races the next bucket's
+    first all-reduce, the ranks' collectives mismatch and gloo aborts
+    ("Received data size doesn't match expected size"). Each bucket here
+    starts once the previous one is done."""
+    previous = []
+
+    def wrapper(state, bucket):
+        if previous:
+            previous.pop().wait()
+        future = hook(state, bucket)
+        if not bucket.is_last():
+            previous.append(future)
+        return future
+    wrapper.__name__ = wrapper.__qualname__ = hook.__name__
+    return wrapper
+
+
 def register(o, ddp):
     if o.hook == "none":
         return None
@@ -108,7 +127,7 @@ def register(o, ddp):
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=o.powersgd_rank,
                                             start_powerSGD_iter=max(2, o.warmup), min_compression_rate=2,
                                             use_error_feedback=True, warm_start=True, random_seed=o.seed)
-        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        ddp.register_comm_hook(state, serialized(powerSGD_hook.powerSGD_hook))
         return state
     if o.hook.startswith("gradcomp:"):
         import gradcomp.torch
