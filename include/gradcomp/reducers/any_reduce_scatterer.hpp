@@ -16,6 +16,17 @@
 
 namespace gradcomp::inline GRADCOMP_ABI {
 
+namespace detail {
+/// For spec_failure: throws for a compressor whose bucket cannot be cut into
+/// shards.
+inline constexpr auto refuse_unshardable = [](auto c) {
+  if constexpr (!shards_by_elements<decltype(c)>)
+    throw invalid_argument(std::string(decltype(c)::name) +
+                           " cannot reduce-scatter (its payload does not sum element by element, or needs "
+                           "the tensors' shapes); use an all-reduce");
+};
+}  // namespace detail
+
 /// reduce_scatterer<C, EF, Collective, Space, Gradient> for the C and EF a
 /// compressor_spec names (or hierarchical_reduce_scatterer's, over two
 /// levels): the same shards, bits and errors, behind one
@@ -41,7 +52,7 @@ class any_reduce_scatterer {
   any_reduce_scatterer(compressor_spec const& spec, Collective& collective, bucket_layout layout, Space space,
                        allreducer_options options = {})
       : spec_(spec) {
-    std::string const failure = detail::spec_failure(spec, collective.size(), refuse_unshardable);
+    std::string const failure = detail::spec_failure(spec, collective.size(), detail::refuse_unshardable);
     expect_none_failed(agreement(collective, space, 0, 0, failure), failure, "any_reduce_scatterer",
                        "this compressor_spec");
     impl_ = visit_compressor(spec, collective.size(), [&](auto c, auto ef) -> std::unique_ptr<base> {
@@ -61,7 +72,7 @@ class any_reduce_scatterer {
   any_reduce_scatterer(compressor_spec const& spec, node_groups<Collective>& groups, bucket_layout layout, Space space,
                        hierarchical_options options = {})
       : spec_(spec) {
-    std::string const failure = detail::spec_failure(spec, groups.nodes(), refuse_unshardable);
+    std::string const failure = detail::spec_failure(spec, groups.nodes(), detail::refuse_unshardable);
     expect_none_failed(agreement(groups.local, groups.cross, space, 0, 0, failure), failure, "any_reduce_scatterer",
                        "this compressor_spec");
     int const own = groups.cross.rank() * groups.ranks_per_node() + groups.local.rank();
@@ -110,14 +121,6 @@ class any_reduce_scatterer {
   std::uint64_t fingerprint() const { return impl_->fingerprint(); }
 
  private:
-  // Throws for a compressor whose bucket cannot be cut into shards.
-  static constexpr auto refuse_unshardable = [](auto c) {
-    if constexpr (!detail::shards_by_elements<decltype(c)>)
-      throw invalid_argument(std::string(decltype(c)::name) +
-                             " cannot reduce-scatter (its payload does not sum element by element, or needs "
-                             "the tensors' shapes); use an all-reduce");
-  };
-
   struct base {
     virtual ~base() = default;
     virtual void step(span<Gradient, memory>, span<Gradient, memory>) = 0;

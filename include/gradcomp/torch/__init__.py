@@ -19,7 +19,7 @@ from . import _C
 from ._C import CollectiveError, Error, InvalidArgument, NonfiniteError, compressors, parse_spec
 
 __version__ = _C.__version__
-__all__ = ["GradcompState", "register", "hook", "compressors", "parse_spec", "Error", "InvalidArgument",
+__all__ = ["GradcompState", "register", "hook", "ReduceScatter", "shard", "compressors", "parse_spec", "Error", "InvalidArgument",
            "CollectiveError", "NonfiniteError"]
 
 
@@ -179,3 +179,57 @@ def register(model, compressor="topkc", *, process_group=None, **options):
                           model=model.module, **options)
     model.register_comm_hook(state, hook)
     return state
+
+
+def _fsdp_reduce_scatter_base():
+    # FSDP2's Comm interface is not exported (PyTorch 2.15): its module path.
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as Base
+    return Base
+
+
+class ReduceScatter(_fsdp_reduce_scatter_base()):
+    """FSDP2's reduce-scatter through a gradcomp compressor that shards (every
+    registered one but PowerSGD and classic TopK): each rank gets the mean of
+    its shard, compressed on the wire. One per FSDP module
+    (``module.set_custom_reduce_scatter``; ``shard()`` sets them all); its
+    residuals are the module's."""
+
+    def __init__(self, compressor="thc", *, seed=None):
+        self.compressor = parse_spec(compressor)
+        if not _C.shards(self.compressor):
+            raise InvalidArgument(f"gradcomp.torch.ReduceScatter: {self.compressor} cannot reduce-scatter (its "
+                                  f"payload does not sum element by element, or needs the tensors' shapes)")
+        self.seed = seed
+        self._impl = None
+        self._group = None
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        if op != dist.ReduceOp.AVG:
+            raise InvalidArgument(f"gradcomp.torch.ReduceScatter computes the mean (ReduceOp.AVG); FSDP asked for "
+                                  f"{op} (a gradient_divide_factor other than the world size, or 16-bit "
+                                  f"reduce_dtype other than bf16)")
+        if self._impl is None or self._group is not group:
+            self._impl = _C.ReduceScatterState(group, self.compressor, self.seed, torch.get_num_threads())
+            self._group = group
+        self._impl(input_tensor, output_tensor)
+        return None
+
+    @property
+    def wire_bytes(self):
+        """Bytes the last call put on the wire, per rank."""
+        return self._impl.wire_bytes if self._impl is not None else 0
+
+
+def shard(model, compressor="thc", **options):
+    """Gives every FSDP2 module of ``model`` (``fully_shard`` applied) a
+    gradcomp ReduceScatter of its own; returns them."""
+    from torch.distributed.fsdp import FSDPModule
+    comms = []
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            comms.append(ReduceScatter(compressor, **options))
+            module.set_custom_reduce_scatter(comms[-1])
+    return comms

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <gradcomp/torch/ddp_hook.hpp>
+#include <gradcomp/torch/fsdp_reduce_scatter.hpp>
 
 #if __has_include(<torch/csrc/distributed/c10d/ProcessGroup.hpp>) && __has_include(<torch/csrc/utils/pybind.h>)
 
@@ -36,6 +37,12 @@ inline void define(py::module_& m) {
         return out;
       },
       "The registered compressors' names, as a spec names them.");
+  m.def(
+      "shards",
+      [](std::string const& text) {
+        return detail::spec_failure(compressor_spec::parse(text), 2, detail::refuse_unshardable).empty();
+      },
+      py::arg("spec"), "Whether the compressor a spec names can reduce-scatter (FSDP: gradcomp.torch.ReduceScatter).");
   m.def(
       "parse_spec", [](std::string const& text) { return compressor_spec::parse(text).str(); }, py::arg("spec"),
       "Checks a compressor spec and returns it in its canonical form; raises ValueError naming what is wrong.");
@@ -101,6 +108,27 @@ inline void define(py::module_& m) {
             s.load(iterations, std::move(in));
           },
           py::arg("iterations"), py::arg("buckets"));
+
+  py::class_<fsdp_reduce_scatter>(m, "ReduceScatterState",
+                                  "One FSDP module's gradcomp reduce-scatter (see gradcomp.torch.ReduceScatter).")
+      .def(py::init([](c10::intrusive_ptr<c10d::ProcessGroup> group, std::string const& compressor,
+                       std::optional<std::uint64_t> seed, int threads) {
+             allreducer_options o;
+             o.seed = seed;
+             return std::make_unique<fsdp_reduce_scatter>(std::move(group), compressor_spec::parse(compressor), o,
+                                                          threads);
+           }),
+           py::arg("group"), py::arg("compressor"), py::arg("seed"), py::arg("threads"))
+      .def(
+          "__call__",
+          [](fsdp_reduce_scatter& s, at::Tensor const& input, at::Tensor const& output) {
+            py::gil_scoped_release release;
+            s(input, output);
+          },
+          py::arg("input"), py::arg("output"),
+          "output = the mean over the ranks of this rank's block of input (collective; releases the GIL).")
+      .def_property_readonly("wire_bytes", &fsdp_reduce_scatter::wire_bytes)
+      .def_property_readonly("padded_block", &fsdp_reduce_scatter::padded_block);
 }
 
 }  // namespace gradcomp::inline GRADCOMP_ABI::python
