@@ -25,6 +25,10 @@ function(gradcomp_find_torch)
   find_library(GRADCOMP_TORCH_PYTHON torch_python PATHS ${TORCH_INSTALL_PREFIX}/lib NO_DEFAULT_PATH REQUIRED)
   set(GRADCOMP_TORCH_PYTHON ${GRADCOMP_TORCH_PYTHON} PARENT_SCOPE)
   set(GRADCOMP_TORCH_VERSION ${Torch_VERSION} PARENT_SCOPE)
+  # The PyPI wheel's CUDA libraries need the nvidia-* wheels' (a newer NCCL
+  # than the system's, say): the linker of a program must find those.
+  file(GLOB wheel_libs LIST_DIRECTORIES true ${TORCH_INSTALL_PREFIX}/../nvidia/*/lib ${TORCH_INSTALL_PREFIX}/../nvidia/cu*/lib)
+  set(GRADCOMP_TORCH_LINK_DIRS ${wheel_libs} PARENT_SCOPE)
   execute_process(COMMAND ${Python3_EXECUTABLE} -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))"
                   OUTPUT_VARIABLE suffix OUTPUT_STRIP_TRAILING_WHITESPACE)
   set(GRADCOMP_PYTHON ${Python3_EXECUTABLE} PARENT_SCOPE)
