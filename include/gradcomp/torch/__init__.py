@@ -47,7 +47,7 @@ class GradcompState:
         self._bind(process_group)
 
     def _bind(self, process_group):
-        self.process_group = process_group if process_group is not None else dist.distributed_c10d._get_default_group()
+        self.process_group = process_group if process_group is not None else dist.group.WORLD
         self._impl = _C.HookState(self.process_group, self.compressor, self.small, self.min_compression_elements,
                                   self.warmup, self.seed, self.nonfinite, torch.get_num_threads())
         # One worker: buckets reduce in DDP's order on every rank, while the
@@ -182,9 +182,19 @@ def register(model, compressor="topkc", *, process_group=None, **options):
 
 
 def _fsdp_reduce_scatter_base():
-    # FSDP2's Comm interface is not exported (PyTorch 2.15): its module path.
-    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as Base
-    return Base
+    # FSDP2's Comm interface is not exported (PyTorch 2.15): its private
+    # module path. Where it moved, ReduceScatter says so when it is made, and
+    # the DDP hook is unaffected.
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as Base
+        return Base
+    except ImportError as e:
+        reason = f"this PyTorch ({torch.__version__}) has no FSDP2 ReduceScatter interface where 2.15 has it ({e})"
+
+        class Missing:
+            def __init__(self, *args, **kwargs):
+                raise ImportError("gradcomp.torch.ReduceScatter: " + reason)
+        return Missing
 
 
 class ReduceScatter(_fsdp_reduce_scatter_base()):
