@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# PyTorch's communication hooks beside gradcomp's, in one DDP: time-to-accuracy
+# of examples/torch/train.py (4 gloo processes over the loopback of a private
+# network namespace, shaped with tc to each rate in turn, as run.sh does), the
+# same model, data order and bucket cap for every hook; repetition K trains
+# with --seed K. Prints one table per rate (medians and ranges) and writes it,
+# with every summary line, to the output folder.
+#
+#   sudo bench/e2e/torch.sh [--out DIR] [--rates "unshaped 1gbit"] [--target 0.85] [--repeat 3] [--only "NAMES"]
+#
+# Needs root (namespaces, tc), iproute2, PyTorch and the Python module
+# (build/python; built here if missing).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+out=e2e-torch
+rates="unshaped 1gbit"
+target=0.85
+repeat=3
+only=""
+while (($#)); do
+  case $1 in
+    --out) out=$2; shift 2 ;;
+    --rates) rates=$2; shift 2 ;;
+    --target) target=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    *) echo "usage: $0 [--out DIR] [--rates LIST] [--target ACC] [--repeat N] [--only NAMES]" >&2; exit 2 ;;
+  esac
+done
+
+# PyTorch's hooks (PowerSGD: rank 4, error feedback, warm start) and
+# gradcomp's, by name; every run warms up 2 iterations (PowerSGD needs them).
+hooks=(
+  "torch-fp32|none"
+  "torch-bf16|torch-bf16"
+  "torch-powersgd-r4|torch-powersgd"
+  "gradcomp-bf16|gradcomp:bf16"
+  "gradcomp-powersgd-r4|gradcomp:powersgd:matrix_rank=4"
+  "gradcomp-topkc-10%|gradcomp:topkc:fraction=0.1"
+  "gradcomp-thc-4bit|gradcomp:thc:bits=4"
+  "gradcomp-intsgd|gradcomp:intsgd"
+)
+
+source bench/e2e/common.sh
+if [ "$(id -u)" -ne 0 ]; then
+  echo "$0: needs root to create network namespaces and shape them with tc; run it with sudo" >&2
+  exit 1
+fi
+python3 -c "import torch" 2>/dev/null || { echo "$0: PyTorch is missing (bash .ci/install-deps installs it)" >&2; exit 1; }
+if [ ! -d build/python/gradcomp/torch ]; then
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_NATIVE_ARCH=ON >/dev/null
+  cmake --build build --target gradcomp_torch_python
+fi
+
+ns=gradcomp-torch-$$
+ip netns add "$ns"
+trap 'ip netns del "$ns" 2>/dev/null || true' EXIT
+ip netns exec "$ns" ip link set lo up
+
+mkdir -p "$out"
+: > "$out/summaries.txt"
+for rate in $rates; do
+  ip netns exec "$ns" tc qdisc del dev lo root 2>/dev/null || true
+  if [ "$rate" != unshaped ]; then
+    ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$rate" burst "$(burst_of "$rate")" latency 50ms
+  fi
+  for entry in "${hooks[@]}"; do
+    name=${entry%%|*}
+    hook=${entry#*|}
+    selected "$name" "$only" || continue
+    for ((k = 1; k <= repeat; k++)); do
+      echo "== $rate: $name (run $k of $repeat)"
+      line=$(ip netns exec "$ns" env PYTHONPATH="$PWD/build/python" GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 \
+        python3 examples/torch/train.py --hook "$hook" --warmup 2 --target "$target" --stop-at-target --epochs 6 \
+        --eval-every 25 --seed "$k" 2>/dev/null | grep '^summary:' || echo "summary: failed")
+      echo "$line"
+      echo "rate=$rate name=$name $line" >> "$out/summaries.txt"
+    done
+  done
+done
+
+python3 - "$out/summaries.txt" "$target" <<'EOF' | tee "$out/table.md"
+import collections, re, statistics, sys
+runs = collections.defaultdict(list)
+rates = []
+for line in open(sys.argv[1]):
+    f = dict(re.findall(r"(\w+)=(\S+)", line))
+    runs[(f["rate"], f["name"])].append(f)
+    if f["rate"] not in rates:
+        rates.append(f["rate"])
+def spread(values):
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})" if values else "not reached"
+for rate in rates:
+    print(f"\n{rate}: seconds to {float(sys.argv[2]):.0%} test accuracy, median of the seeds (range)\n")
+    print("| hook | time to target, s | x torch-bf16 | steps | final accuracy | wire bytes/step |")
+    print("|---|---:|---:|---:|---:|---:|")
+    base = [float(f["time_to_target_s"]) for f in runs[(rate, "torch-bf16")] if f["time_to_target_s"] != "not-reached"]
+    for (r, name), fs in runs.items():
+        if r != rate:
+            continue
+        t = [float(f["time_to_target_s"]) for f in fs if f["time_to_target_s"] != "not-reached"]
+        steps = [float(f["steps_to_target"]) for f in fs if f["steps_to_target"] != "not-reached"]
+        ratio = f"{statistics.median(t) / statistics.median(base):.2f}" if t and base else "-"
+        reached = f" ({len(t)} of {len(fs)} reached)" if len(t) < len(fs) else ""
+        print(f"| {name} | {spread(t)}{reached} | {ratio} | {statistics.median(steps) if steps else '-':} | "
+              f"{statistics.median(float(f['final_accuracy']) for f in fs):.4f} | {fs[0]['wire_bytes_per_step']} |")
+EOF
