@@ -6,20 +6,13 @@ gradcomp's CollectiveError within the timeout instead of hanging.
 """
 import os
 import sys
-import tempfile
 import time
 
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-RANKS = 4
+from gloo_ranks import RANKS, init, launch
 
 
-def init(rank, path, timeout_s=60):
-    import datetime
-    store = dist.FileStore(path, RANKS)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=RANKS,
-                            timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def suite(rank, path, args, results):
@@ -41,12 +34,6 @@ def peer_fails(rank, path, mode, results):
     results[rank] = (message, seconds)
     os._exit(0)  # the group is broken: skip its orderly teardown
 
-
-def launch(target, *args):
-    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(target, args=(os.path.join(tmp, "store"), *args, results), nprocs=RANKS, join=True)
-        return dict(results)
 
 
 def main():

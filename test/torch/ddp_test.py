@@ -13,7 +13,6 @@
 
     PYTHONPATH=build/python:build/test/torch python3 test/torch/ddp_test.py
 """
-import datetime
 import os
 import pickle
 import sys
@@ -21,9 +20,9 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-RANKS = 4
+from gloo_ranks import RANKS, init, launch
+
 SHAPES = (64, 256, 256, 10)
 
 
@@ -48,10 +47,6 @@ class Net(torch.nn.Module):
                 x = torch.relu(x)
         return x
 
-
-def init(rank, path):
-    dist.init_process_group("gloo", store=dist.FileStore(path, RANKS), rank=rank, world_size=RANKS,
-                            timeout=datetime.timedelta(seconds=60))
 
 
 def model(seed=0, shuffled=False):
@@ -206,12 +201,6 @@ def bad_specs(rank, path, results):
     results[rank] = out
     os._exit(0)  # DDP's reducer is left mid-iteration: skip its teardown
 
-
-def launch(target, *args):
-    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(target, args=(os.path.join(tmp, "store"), *args, results), nprocs=RANKS, join=True)
-        return dict(results)
 
 
 def main():

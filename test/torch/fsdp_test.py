@@ -8,21 +8,15 @@
 
     PYTHONPATH=build/python:build/test/torch python3 test/torch/fsdp_test.py
 """
-import datetime
 import os
 import sys
-import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-RANKS = 4
+from gloo_ranks import RANKS, init, launch
 
 
-def init(rank, path):
-    dist.init_process_group("gloo", store=dist.FileStore(path, RANKS), rank=rank, world_size=RANKS,
-                            timeout=datetime.timedelta(seconds=60))
 
 
 def shards_match(rank, path, results):
@@ -89,12 +83,6 @@ def refused(rank, path, results):
         results[rank] = str(e)
     dist.destroy_process_group()
 
-
-def launch(target):
-    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(target, args=(os.path.join(tmp, "store"), results), nprocs=RANKS, join=True)
-        return dict(results)
 
 
 def main():

@@ -1,0 +1,24 @@
+"""What the PyTorch tests share: RANKS gloo processes over a FileStore, each
+running a target and leaving its result in a dict keyed by rank."""
+import datetime
+import os
+import tempfile
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+RANKS = 4
+
+
+def init(rank, path):
+    """This process as rank `rank` of a gloo group over the FileStore at `path`."""
+    dist.init_process_group("gloo", store=dist.FileStore(path, RANKS), rank=rank, world_size=RANKS,
+                            timeout=datetime.timedelta(seconds=60))
+
+
+def launch(target, *args):
+    """Runs target(rank, store_path, *args, results) in RANKS processes; returns results."""
+    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(target, args=(os.path.join(tmp, "store"), *args, results), nprocs=RANKS, join=True)
+        return dict(results)
