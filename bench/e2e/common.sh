@@ -71,6 +71,25 @@ burst_of() {  # a token bucket must hold a tick's worth of bytes at its rate
   esac
 }
 
+# A private network namespace NAME with its loopback up, deleted when the
+# script exits.
+#   make_namespace NAME
+make_namespace() {
+  ip netns add "$1"
+  # shellcheck disable=SC2064  # the name is fixed now
+  trap "ip netns del '$1' 2>/dev/null || true" EXIT
+  ip netns exec "$1" ip link set lo up
+}
+
+# Shapes namespace NAME's loopback to RATE (a tc rate), or to none for unshaped.
+#   shape_loopback NAME RATE
+shape_loopback() {
+  ip netns exec "$1" tc qdisc del dev lo root 2>/dev/null || true
+  if [ "$2" != unshaped ]; then
+    ip netns exec "$1" tc qdisc add dev lo root tbf rate "$2" burst "$(burst_of "$2")" latency 50ms
+  fi
+}
+
 # Root (namespaces, tc) and the tools named; OpenBLAS's kernels (a user's
 # OPENBLAS_CORETYPE wins), into blas_env for mpiexec; then the trainer, built
 # if missing.

@@ -47,17 +47,12 @@ check_names "$only"
 prepare ip tc mpiexec gnuplot python3
 
 ns=gradcomp-e2e-$$
-ip netns add "$ns"
-trap 'ip netns del "$ns" 2>/dev/null || true' EXIT
-ip netns exec "$ns" ip link set lo up
+make_namespace "$ns"
 
 mkdir -p "$out"
 rm -f "$out"/*.csv
 for rate in $rates; do
-  ip netns exec "$ns" tc qdisc del dev lo root 2>/dev/null || true
-  if [ "$rate" != unshaped ]; then
-    ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$rate" burst "$(burst_of "$rate")" latency 50ms
-  fi
+  shape_loopback "$ns" "$rate"
   for entry in "${compressors[@]}"; do
     name=${entry%%|*}
     flags=${entry#*|}

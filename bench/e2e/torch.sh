@@ -54,17 +54,12 @@ if [ ! -d build/python/gradcomp/torch ]; then
 fi
 
 ns=gradcomp-torch-$$
-ip netns add "$ns"
-trap 'ip netns del "$ns" 2>/dev/null || true' EXIT
-ip netns exec "$ns" ip link set lo up
+make_namespace "$ns"
 
 mkdir -p "$out"
 : > "$out/summaries.txt"
 for rate in $rates; do
-  ip netns exec "$ns" tc qdisc del dev lo root 2>/dev/null || true
-  if [ "$rate" != unshaped ]; then
-    ip netns exec "$ns" tc qdisc add dev lo root tbf rate "$rate" burst "$(burst_of "$rate")" latency 50ms
-  fi
+  shape_loopback "$ns" "$rate"
   for entry in "${hooks[@]}"; do
     name=${entry%%|*}
     hook=${entry#*|}
