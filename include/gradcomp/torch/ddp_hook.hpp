@@ -97,8 +97,9 @@ class ddp_hook_state {
 
   /// Iterations completed.
   std::uint64_t iterations() const { return iterations_; }
-  /// Bytes the compressed buckets of the last iteration put on the wire
-  /// (zero while warming up).
+  /// Bytes the last iteration's buckets put on the wire, through gradcomp
+  /// (zero while warming up: those are plain fp32 all-reduces, which do not
+  /// check for NaN either, as PyTorch's hooks do not).
   std::size_t wire_bytes() const { return wire_bytes_; }
   /// Bucket `index`'s compressor ("topkc<bf16>", ...); empty before it is built.
   std::string description(std::size_t index) const {
