@@ -13,8 +13,6 @@ import torch.distributed as dist
 from gloo_ranks import RANKS, init, launch
 
 
-
-
 def suite(rank, path, args, results):
     import gradcomp_c10d_tests
     init(rank, path)
@@ -33,7 +31,6 @@ def peer_fails(rank, path, mode, results):
     message, seconds = gradcomp_c10d_tests.failing_all_reduce(dist.group.WORLD, 3000)
     results[rank] = (message, seconds)
     os._exit(0)  # the group is broken: skip its orderly teardown
-
 
 
 def main():

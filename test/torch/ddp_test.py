@@ -21,7 +21,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 
-from gloo_ranks import RANKS, init, launch
+from gloo_ranks import RANKS, Checks, init, launch
 
 SHAPES = (64, 256, 256, 10)
 
@@ -46,7 +46,6 @@ class Net(torch.nn.Module):
             if k + 1 < len(self.forward_order):
                 x = torch.relu(x)
         return x
-
 
 
 def model(seed=0, shuffled=False):
@@ -202,14 +201,8 @@ def bad_specs(rank, path, results):
     os._exit(0)  # DDP's reducer is left mid-iteration: skip its teardown
 
 
-
 def main():
-    failures = []
-
-    def check(ok, what):
-        print(("ok   " if ok else "FAIL ") + what)
-        if not ok:
-            failures.append(what)
+    check = Checks()
 
     results = launch(every_compressor)
     for name, (finite, same, iterations, wire, descriptions) in results[0].items():
@@ -248,8 +241,7 @@ def main():
         check("bits" in key and "topkc" in key, f"rank {r}: a bad spec is refused: {key[:100]}")
         check("unknown compressor 'nosuch'" in name, f"rank {r}: an unknown compressor is refused: {name[:100]}")
         check("k = 100000000" in step, f"rank {r}: a spec the bucket cannot take fails the step: {step[:120]}")
-    print(f"{len(failures)} failed")
-    return 1 if failures else 0
+    return 1 if check.failed() else 0
 
 
 if __name__ == "__main__":

@@ -14,9 +14,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from gloo_ranks import RANKS, init, launch
-
-
+from gloo_ranks import RANKS, Checks, init, launch
 
 
 def shards_match(rank, path, results):
@@ -84,14 +82,8 @@ def refused(rank, path, results):
     dist.destroy_process_group()
 
 
-
 def main():
-    failures = []
-
-    def check(ok, what):
-        print(("ok   " if ok else "FAIL ") + what)
-        if not ok:
-            failures.append(what)
+    check = Checks()
 
     results = launch(shards_match)
     for spec, (same, worst, calls, block, padded, wire) in results[0].items():
@@ -104,8 +96,7 @@ def main():
     results = launch(refused)
     check(all("cannot reduce-scatter" in results[r] for r in range(RANKS)),
           f"PowerSGD is refused: {results[0][:90]}")
-    print(f"{len(failures)} failed")
-    return 1 if failures else 0
+    return 1 if check.failed() else 0
 
 
 if __name__ == "__main__":

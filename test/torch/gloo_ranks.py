@@ -1,5 +1,6 @@
 """What the PyTorch tests share: RANKS gloo processes over a FileStore, each
-running a target and leaving its result in a dict keyed by rank."""
+running a target and leaving its result in a dict keyed by rank; and a
+checklist that prints each check and counts the failures."""
 import datetime
 import os
 import tempfile
@@ -22,3 +23,19 @@ def launch(target, *args):
         results = manager.dict()
         mp.spawn(target, args=(os.path.join(tmp, "store"), *args, results), nprocs=RANKS, join=True)
         return dict(results)
+
+
+class Checks:
+    """check(ok, what) prints ok or FAIL and what; failed() is the number that failed."""
+
+    def __init__(self):
+        self.failures = []
+
+    def __call__(self, ok, what):
+        print(("ok   " if ok else "FAIL ") + what)
+        if not ok:
+            self.failures.append(what)
+
+    def failed(self):
+        print(f"{len(self.failures)} failed")
+        return len(self.failures)
