@@ -1,30 +1,14 @@
-// One bucket's compressed all-reduce, with its state: the compressor's
-// steps, its warm-up, its checkpoints.
+// One bucket's compressed all-reduce: the bucket engine, each step
+// delivering the whole bucket's mean.
 #pragma once
 
-#include <gradcomp/bucket_layout.hpp>
 #include <gradcomp/collectives/collective.hpp>
-#include <gradcomp/compressors/cast/cast.hpp>
-#include <gradcomp/detail/hash.hpp>
 #include <gradcomp/execution.hpp>
 #include <gradcomp/pipeline/aggregator.hpp>
-#include <gradcomp/pipeline/checkpoint.hpp>
-#include <gradcomp/pipeline/compressor.hpp>
-#include <gradcomp/pipeline/error_feedback.hpp>
-#include <gradcomp/pipeline/nonfinite.hpp>
-#include <gradcomp/pipeline/step_context.hpp>
-#include <gradcomp/pipeline/verdict.hpp>
-#include <gradcomp/reducers/agreement.hpp>
+#include <gradcomp/reducers/bucket_engine.hpp>
 #include <gradcomp/reducers/options.hpp>
 
-#include <algorithm>
-#include <cstdint>
-#include <exception>
-#include <optional>
-#include <string>
-#include <type_traits>
 #include <utility>
-#include <vector>
 
 namespace gradcomp::inline GRADCOMP_ABI {
 
@@ -32,9 +16,10 @@ namespace gradcomp::inline GRADCOMP_ABI {
 /// afterwards every rank holds the mean over ranks of what their payloads
 /// decode to, in place.
 ///
-/// Owns the bucket's state: the error-feedback residual, the workspace and
-/// the compressor's resources (all sized once here: steps never allocate),
-/// the step's status words, the count of committed steps. Move-only. The
+/// Owns the bucket's state (see bucket_engine, whose members it has): the
+/// error-feedback residual, the workspace and the compressor's resources (all
+/// sized once here: steps never allocate), the step's status words, the
+/// count of committed steps, the warm-up and the checkpoints. Move-only. The
 /// collective is borrowed and must outlive the allreducer. Construction is
 /// collective: every rank constructs its allreducer together, and if any
 /// rank cannot use the configuration (bad parameters, a size that
@@ -49,16 +34,8 @@ namespace gradcomp::inline GRADCOMP_ABI {
 /// \tparam Space         host_space, or cuda_space (the default for NCCL).
 template <class Compressor, class ErrorFeedback, class Collective, class Aggregator = default_aggregator_t<Compressor>,
           class Space = default_space_t<Collective>>
-class allreducer {
-  static_assert(compressor<Compressor>, "the first template argument must satisfy gradcomp::compressor");
-  static_assert(error_feedback::policy<ErrorFeedback>,
-                "the second template argument must be an error-feedback policy (error_feedback::none or "
-                "error_feedback::residual)");
-  static_assert(collective<Collective>, "the third template argument must satisfy gradcomp::collective");
-  static_assert(execution_space<Space>, "the last template argument must be an execution space");
-  static_assert(can_aggregate<Compressor, Aggregator>,
-                "this compressor's payload cannot be summed element by element, so all-reduce cannot combine it: "
-                "use gradcomp::allgather_aggregator");
+class allreducer : public bucket_engine<Compressor, ErrorFeedback, Collective, Aggregator, Space> {
+  using engine = bucket_engine<Compressor, ErrorFeedback, Collective, Aggregator, Space>;
 
  public:
   using memory = typename Space::memory;  ///< Where gradients live.
@@ -72,58 +49,7 @@ class allreducer {
   /// @note Waits for the space: construction exchanges the configuration.
   allreducer(Compressor compressor, Collective& collective, bucket_layout layout, Space space,
              allreducer_options options = {})
-      : allreducer(std::move(compressor), collective, std::move(layout), space, options, step_output::whole_bucket) {}
-
-  /// The same, each step delivering `output` of the mean: own_block for
-  /// the steps of a reduce-scatter (reduce_scatterer), whose bucket is then a
-  /// whole number of equal blocks, one per rank.
-  allreducer(Compressor compressor, Collective& collective, bucket_layout layout, Space space,
-             allreducer_options options, step_output output)
-      : compressor_(std::move(compressor)),
-        collective_(&collective),
-        layout_(std::move(layout)),
-        space_(space),
-        options_(options),
-        output_(output),
-        bucket_seed_(options.seed.value_or(detail::mix64(layout_.fingerprint() ^ detail::mix64(options.bucket + 1)))),
-        status_(detail::status_words, space_),
-        channel_(space_) {
-    GRADCOMP_EXPECTS(collective.accepts(memory_kind_of<memory>),
-                     std::string("allreducer: this collective does not accept ") + memory::name +
-                         " memory (an MPI communicator must be declared CUDA-aware for device buffers)");
-    if constexpr (requires {
-                    collective.stream();
-                    space.stream;
-                  })
-      GRADCOMP_EXPECTS(collective.stream() == space.stream,
-                       "allreducer: the execution space's CUDA stream differs from the collective's; kernels and "
-                       "collectives must be ordered on one stream");
-    std::string failure;
-    try {
-      int const n = collective.size();
-      compressor_.validate(layout_, n);
-      if constexpr (ErrorFeedback::enabled) detail::expect_contraction(compressor_, layout_);
-      workspace_carver<memory> measure;
-      compressor_.template carve<Aggregator>(measure, layout_, n);
-      std::size_t bytes = measure.bytes();
-      state_bytes_ = detail::state_bytes_of(compressor_, layout_, n);
-      GRADCOMP_EXPECTS(state_bytes_ <= bytes, "allreducer: the compressor's state_bytes exceed its workspace");
-      if (options_.warmup_steps > 0) {  // the fp32 mean's pieces, after the compressor's state
-        workspace_carver<memory> warm;
-        warmup_.template carve<allreduce_aggregator>(warm, layout_, n);
-        warmup_offset_ = detail::checked_round_up(state_bytes_, workspace_carver<memory>::alignment, "workspace");
-        bytes = std::max(bytes, detail::checked_add(warmup_offset_, warm.bytes(), "workspace"));
-      }
-      ef_.emplace(space_, layout_.size());
-      workspace_ = buffer<std::byte, Space>(bytes, space_);
-      space_.fill_zero(workspace_.data(), bytes);
-      resources_.emplace(space_);
-    } catch (std::exception const& e) {
-      failure = *e.what() != '\0' ? e.what() : "an exception without a message";
-    }
-    agree_on_configuration(failure);
-    space_.fill_zero(status_.data(), status_.size() * sizeof(std::uint64_t));
-  }
+      : engine(std::move(compressor), collective, std::move(layout), space, options, step_output::whole_bucket) {}
 
   /// Reduces `gradient` (layout().size() values) in place: on return (on
   /// the CUDA space, once the stream reaches this point) it holds the
@@ -143,258 +69,11 @@ class allreducer {
   /// nonfinite_error (or collective_error) on every rank before enqueuing
   /// anything. During CUDA Graph capture it never waits: the verdict of
   /// captured steps is read by synchronize().
-  void operator()(span<float, memory> gradient) { reduce(gradient); }
+  void operator()(span<float, memory> gradient) { this->reduce(gradient); }
   /// The same for a bucket stored as bfloat16.
-  void operator()(span<bfloat16, memory> gradient) { reduce(gradient); }
+  void operator()(span<bfloat16, memory> gradient) { this->reduce(gradient); }
   /// The same for a bucket stored as IEEE half.
-  void operator()(span<half, memory> gradient) { reduce(gradient); }
-
-  /// Refuses this step (for a reducer built on this one, whose own input is
-  /// unusable): takes part in its agreement with a veto, so every rank fails
-  /// the step instead of waiting, then throws invalid_argument(why).
-  [[noreturn]] void refuse_step(std::string const& why) {
-    [[maybe_unused]] auto const guard = channel_.bind_device();
-    settle();
-    refuse(why);
-  }
-
-  /// Waits for every step enqueued so far, then throws nonfinite_error (or
-  /// collective_error) if one of them failed, as the next call would.
-  /// @note Waits for the space's stream.
-  void synchronize() {
-    [[maybe_unused]] auto const guard = channel_.bind_device();
-    space_.synchronize();
-    settle();
-    if constexpr (!std::is_same_v<memory, host_memory>) {  // steps replayed from a CUDA Graph report here
-      std::uint64_t words[3];
-      space_.to_host(words, status_.data() + detail::failed_steps, sizeof words);
-      if (words[0] != 0) fail(words[0], words[1], words[2]);
-    }
-    if constexpr (requires { collective_->check_async(); }) collective_->check_async();
-  }
-
-  /// Bytes the last step put on the wire (see step_context::wire_bytes).
-  std::size_t wire_bytes() const { return wire_bytes_; }
-  /// Steps committed, warm-up included (CUDA: as far as known; synchronize() first).
-  std::uint64_t steps() const { return step_; }
-  /// True while the next step sends the plain fp32 mean (options().warmup_steps).
-  bool warming_up() const { return step_ < options_.warmup_steps; }
-  /// The bucket.
-  bucket_layout const& layout() const { return layout_; }
-  /// The compressor and its parameters.
-  Compressor const& compressor() const { return compressor_; }
-  /// The execution space.
-  Space const& space() const { return space_; }
-  /// What bad values do.
-  allreducer_options const& options() const { return options_; }
-  /// The compressor's workspace: carve it as the compressor does to inspect
-  /// what a step left there (PowerSGD's Q, IntSGD's running norm, codes).
-  span<std::byte, memory> workspace() const { return workspace_.view(); }
-  /// The error-feedback residual carried to the next step.
-  /// @note On a device, waits for the stream.
-  auto residual() const requires ErrorFeedback::enabled { return ef_->current(); }
-  /// Zeroes the error-feedback state.
-  void reset_error_feedback() { ef_->reset(); }
-
-  /// @name Checkpoints (format: <gradcomp/pipeline/checkpoint.hpp>)
-  /// @{
-
-  /// This rank's state: the committed steps (which fix the warm-up position
-  /// and the random streams' position), the error-feedback residual and the
-  /// compressor's state kept across steps (PowerSGD's Q, IntSGD's running
-  /// norm), sealed with the configuration's fingerprint, the world size and
-  /// this rank.
-  /// @note Waits for the space (as synchronize(), whose errors it throws).
-  std::vector<std::byte> save() {
-    synchronize();
-    span<float const, memory> residual{};
-    if constexpr (ErrorFeedback::enabled) residual = ef_->current();
-    return detail::write_bucket_checkpoint(identity(), space_, step_, residual, {workspace_.data(), state_bytes_});
-  }
-
-  /// Reads and checks a checkpoint of this rank and configuration without
-  /// applying it; throws checkpoint_error naming what is wrong (truncated,
-  /// corrupted, another format version, rank, world size or configuration,
-  /// non-finite values in the residual or the compressor's state).
-  bucket_checkpoint parse_checkpoint(span<std::byte const> bytes) const {
-    return detail::parse_bucket_checkpoint(bytes, identity(), ErrorFeedback::enabled ? layout_.size() : 0, state_bytes_,
-                                           compressor_);
-  }
-
-  /// Applies a checkpoint parse_checkpoint accepted, on this rank alone
-  /// (a reducer restores its buckets this way after one agreement).
-  /// @note Waits for the space.
-  void restore(bucket_checkpoint const& c) {
-    [[maybe_unused]] auto const guard = channel_.bind_device();
-    GRADCOMP_EXPECTS(
-        c.residual.size() == (ErrorFeedback::enabled ? layout_.size() : 0) && c.state.size() == state_bytes_,
-        "allreducer: a bucket_checkpoint of another configuration");
-    space_.synchronize();
-    if (channel_.pending()) (void)channel_.receive();  // the restored state replaces whatever it said
-    ef_->assign(c.residual.data());
-    if (state_bytes_ > 0) space_.from_host(workspace_.data(), c.state.data(), state_bytes_);
-    space_.fill_zero(status_.data(), status_.size() * sizeof(std::uint64_t));
-    space_.synchronize();
-    step_ = c.steps;
-  }
-
-  /// Restores what save() wrote, on every rank together: if any rank's
-  /// checkpoint is unusable (see parse_checkpoint) or the ranks' step counts
-  /// differ, every rank throws checkpoint_error naming the rank and the
-  /// reason, and no rank changes anything.
-  /// @note Collective, and waits for the space.
-  void restore(span<std::byte const> bytes) {
-    [[maybe_unused]] auto const guard = channel_.bind_device();
-    bucket_checkpoint c;
-    std::string failure;
-    try {
-      c = parse_checkpoint(bytes);
-    } catch (checkpoint_error const& e) {
-      failure = e.what();
-    }
-    expect_restorable(agreement(*collective_, space_, c.steps, 0, failure), failure);  // one step, on every rank
-    restore(c);
-  }
-  /// @}
-
- private:
-  using resources_type = resources_t<Compressor, Space>;
-  using context = step_context<Space, Collective, Aggregator, typename ErrorFeedback::ref, resources_type>;
-
-  using warmup_context = step_context<Space, Collective, allreduce_aggregator, error_feedback::none::ref, no_resources>;
-
-  template <gradient_element G>
-  void reduce(span<G, memory> gradient) {
-    static_assert(
-        requires(Compressor const& c, context& ctx) { c.step(ctx, gradient); },
-        "this compressor's step does not take gradients stored as this type");
-    [[maybe_unused]] auto const guard = channel_.bind_device();
-    settle();
-    if (gradient.size() != layout_.size())
-      refuse("allreducer: the gradient has " + std::to_string(gradient.size()) +
-             " elements but the bucket was set up for " + std::to_string(layout_.size()) +
-             " (every rank skips this step)");
-    if (gradient.empty())
-      ++step_;  // nothing to agree on: an empty bucket always commits
-    else
-      run(gradient);
-    if constexpr (requires { collective_->check_async(); }) collective_->check_async();
-  }
-
-  template <gradient_element G>
-  void run(span<G, memory> gradient) {
-    space_.fill_zero(status_.data(), 2 * sizeof(std::uint64_t));  // this rank's count and the veto
-    bool const warm = warming_up();
-    if (warm) {  // the fp32 mean; the compressor's state and the residual stay zero
-      warmup_context ctx({space_,
-                          *collective_,
-                          {},
-                          layout_,
-                          workspace_.view().subspan(warmup_offset_, workspace_.size() - warmup_offset_),
-                          status_.data(),
-                          no_resources_,
-                          step_,
-                          bucket_seed_,
-                          options_.nonfinite,
-                          output_});
-      warmup_.step(ctx, gradient);
-      wire_bytes_ = ctx.wire_bytes();
-      what_ = ctx.what();
-    } else {  // the compressor counts its own steps
-      context ctx({space_, *collective_, ef_->view(), layout_, workspace_.view(), status_.data(), *resources_,
-                   step_ - options_.warmup_steps, bucket_seed_, options_.nonfinite, output_});
-      compressor_.step(ctx, gradient);
-      wire_bytes_ = ctx.wire_bytes();
-      what_ = ctx.what();
-    }
-    parallel_for(space_, 1, detail::commit_step{status_.data(), warm ? nullptr : ef_->side()});
-    if constexpr (std::is_same_v<memory, host_memory>) {
-      if (status_.data()[detail::veto] == 0) ++step_;
-    } else if (!channel_.capturing()) {
-      channel_.publish(status_.data());
-    }
-  }
-
-  // A call this rank cannot make: it still takes part in the step's first
-  // collective, the agreement, so that every other rank fails the step
-  // rather than wait for it; then it throws.
-  [[noreturn]] void refuse(std::string const& why) {
-    if (layout_.size() != 0) {  // (an empty bucket's step has no collective to take part in)
-      std::uint64_t const words[2] = {detail::refusal, 0};
-      space_.from_host(status_.data(), words, sizeof words);
-      detail::agree_sum(*collective_, status_.data(), status_.data() + detail::veto);
-    }
-    throw invalid_argument(why);
-  }
-
-  // The verdict of the previous step, where it is still on its way.
-  void settle() {
-    if (!channel_.pending() || channel_.capturing()) return;
-    auto const words = channel_.receive();
-    if (words.failed_steps == 0) {
-      ++step_;
-      return;
-    }
-    fail(words.failed_steps, words.last_veto, words.last_local);
-  }
-
-  void fail(std::uint64_t /*failed*/, std::uint64_t veto, std::uint64_t local) {
-    space_.fill_zero(status_.data() + detail::failed_steps, sizeof(std::uint64_t));
-    if (options_.nonfinite == nonfinite_policy::raise || detail::is_fault(veto))
-      detail::throw_step_failure(veto, local, collective_->rank(), what_);
-  }
-
-  // Every rank states its bucket size, its configuration's hash and whether
-  // and why it failed to set up, and all reach the same verdict, so all
-  // ranks throw together or none does: no rank is left waiting in a step.
-  void agree_on_configuration(std::string const& failure) {
-    agreement const all(*collective_, space_, layout_.size(), fingerprint(), failure);
-    expect_none_failed(all, failure, "allreducer", "this configuration");
-    expect_same_bucket(all, "allreducer",
-                       "configuration differs from rank 0's (compressor parameters, tensor shapes, error feedback, "
-                       "aggregator, non-finite policy or seed)");
-  }
-
- public:
-  /// A hash of everything the ranks must agree on: the compressor and its
-  /// parameters, the shapes, error feedback, aggregator, non-finite policy,
-  /// seed and warm-up.
-  std::uint64_t fingerprint() const {
-    std::uint64_t h = detail::hash_combine(compressor_.fingerprint(), layout_.fingerprint());
-    h = detail::hash(ErrorFeedback::name, h);
-    h = detail::hash(Aggregator::name, h);
-    h = detail::hash_combine(h, static_cast<std::uint64_t>(options_.nonfinite));
-    h = detail::hash_combine(h, options_.warmup_steps);
-    if (output_ == step_output::own_block)  // (each rank's block, as its checkpoints have always hashed it)
-      h = detail::hash("reduce-scatter", detail::hash_combine(h, layout_.size() / collective_->size()));
-    return detail::hash_combine(h, bucket_seed_);
-  }
-
- private:
-  detail::checkpoint_identity identity() const {
-    return {checkpoint_kind::allreducer, fingerprint(), static_cast<std::uint32_t>(collective_->size()),
-            static_cast<std::uint32_t>(collective_->rank())};
-  }
-
-  Compressor compressor_;
-  Collective* collective_;
-  bucket_layout layout_;
-  Space space_;
-  allreducer_options options_;
-  step_output output_ = step_output::whole_bucket;
-  std::uint64_t bucket_seed_;
-  buffer<std::uint64_t, Space> status_;
-  detail::verdict_channel<Space> channel_;
-  std::optional<typename ErrorFeedback::template state<Space>> ef_;
-  buffer<std::byte, Space> workspace_;
-  std::optional<resources_type> resources_;
-  fp32 warmup_{};  // what warm-up steps send
-  no_resources no_resources_{space_};
-  std::size_t state_bytes_ = 0;    // the workspace's first bytes: the compressor's state
-  std::size_t warmup_offset_ = 0;  // where warm-up steps carve theirs
-  std::uint64_t step_ = 0;
-  std::size_t wire_bytes_ = 0;
-  char const* what_ = nullptr;
+  void operator()(span<half, memory> gradient) { this->reduce(gradient); }
 };
 
 }  // namespace gradcomp

@@ -6,13 +6,13 @@
 
 #include <gradcomp/compressors/registry.hpp>
 #include <gradcomp/reducers/agreement.hpp>
+#include <gradcomp/reducers/detail/any_reducer.hpp>
 #include <gradcomp/reducers/hierarchical_reduce_scatterer.hpp>
 #include <gradcomp/reducers/reduce_scatterer.hpp>
 
 #include <memory>
 #include <string>
 #include <utility>
-#include <vector>
 
 namespace gradcomp::inline GRADCOMP_ABI {
 
@@ -36,12 +36,16 @@ inline constexpr auto refuse_unshardable = [](auto c) {
 /// invalid_argument.
 ///
 /// Every compressor that can is compiled in: on the CUDA space, use it from
-/// a .cu file that includes <gradcomp/cuda.cuh>.
+/// a .cu file that includes <gradcomp/cuda.cuh>. Besides its step and shards
+/// it has the members every erased reducer has, as any_allreducer.
 template <class Collective, class Space = default_space_t<Collective>, gradient_element Gradient = float>
-class any_reduce_scatterer {
+class any_reduce_scatterer : public detail::any_reducer<typename Space::memory, Gradient> {
+  using base = detail::any_reducer<typename Space::memory, Gradient>;
+  template <class Reducer>
+  using erased = detail::erased<Reducer, typename Space::memory, Gradient>;
+
  public:
   using memory = typename Space::memory;
-  using gradient_type = Gradient;  ///< How the bucket's gradients are stored.
 
   /// The compressor `spec` names, for `layout`, on this rank of `collective`.
   any_reduce_scatterer(compressor_spec const& spec, Collective& collective, bucket_layout layout,
@@ -51,14 +55,14 @@ class any_reduce_scatterer {
   /// The same, running in `space`.
   any_reduce_scatterer(compressor_spec const& spec, Collective& collective, bucket_layout layout, Space space,
                        allreducer_options options = {})
-      : spec_(spec) {
+      : base(spec) {
     std::string const failure = detail::spec_failure(spec, collective.size(), detail::refuse_unshardable);
     expect_none_failed(agreement(collective, space, 0, 0, failure), failure, "any_reduce_scatterer",
                        "this compressor_spec");
-    impl_ = visit_compressor(spec, collective.size(), [&](auto c, auto ef) -> std::unique_ptr<base> {
+    this->build(collective.size(), [&](auto c, auto ef) -> std::unique_ptr<detail::erased_reducer<memory, Gradient>> {
       if constexpr (detail::shards_by_elements<decltype(c)>) {
         using scatterer = reduce_scatterer<decltype(c), decltype(ef), Collective, Space, Gradient>;
-        return std::make_unique<model<scatterer>>(collective.rank(), c, collective, std::move(layout), space, options);
+        return std::make_unique<erased<scatterer>>(collective.rank(), c, collective, std::move(layout), space, options);
       } else {
         return nullptr;  // (refused above)
       }
@@ -71,15 +75,15 @@ class any_reduce_scatterer {
   /// Collective over the world.
   any_reduce_scatterer(compressor_spec const& spec, node_groups<Collective>& groups, bucket_layout layout, Space space,
                        hierarchical_options options = {})
-      : spec_(spec) {
+      : base(spec) {
     std::string const failure = detail::spec_failure(spec, groups.nodes(), detail::refuse_unshardable);
     expect_none_failed(agreement(groups.local, groups.cross, space, 0, 0, failure), failure, "any_reduce_scatterer",
                        "this compressor_spec");
     int const own = groups.cross.rank() * groups.ranks_per_node() + groups.local.rank();
-    impl_ = visit_compressor(spec, groups.nodes(), [&](auto c, auto ef) -> std::unique_ptr<base> {
+    this->build(groups.nodes(), [&](auto c, auto ef) -> std::unique_ptr<detail::erased_reducer<memory, Gradient>> {
       if constexpr (detail::shards_by_elements<decltype(c)>) {
         using scatterer = hierarchical_reduce_scatterer<decltype(c), decltype(ef), Collective, Space, Gradient>;
-        return std::make_unique<model<scatterer>>(own, c, groups, std::move(layout), space, options);
+        return std::make_unique<erased<scatterer>>(own, c, groups, std::move(layout), space, options);
       } else {
         return nullptr;  // (refused above)
       }
@@ -87,80 +91,16 @@ class any_reduce_scatterer {
   }
 
   /// See reduce_scatterer::operator().
-  void operator()(span<Gradient, memory> gradient, span<Gradient, memory> shard) { impl_->step(gradient, shard); }
-  /// See reduce_scatterer::synchronize(). @note Waits for the space.
-  void synchronize() { impl_->synchronize(); }
+  void operator()(span<Gradient, memory> gradient, span<Gradient, memory> shard) { this->impl_->step(gradient, shard); }
 
   /// Where rank `rank`'s shard starts in the bucket.
-  std::size_t shard_offset(int rank) const { return impl_->shard_offset(rank); }
+  std::size_t shard_offset(int rank) const { return this->impl_->shard(rank).first; }
   /// How many elements rank `rank`'s shard holds (the last may hold fewer, or none).
-  std::size_t shard_size(int rank) const { return impl_->shard_size(rank); }
+  std::size_t shard_size(int rank) const { return this->impl_->shard(rank).count; }
   /// Where this rank's shard starts.
-  std::size_t shard_offset() const { return impl_->shard_offset(impl_->rank()); }
+  std::size_t shard_offset() const { return shard_offset(this->impl_->rank()); }
   /// How many elements this rank's shard holds.
-  std::size_t shard_size() const { return impl_->shard_size(impl_->rank()); }
-
-  /// @name Checkpoints (see reduce_scatterer)
-  /// @{
-  std::vector<std::byte> save() { return impl_->save(); }
-  bucket_checkpoint parse_checkpoint(span<std::byte const> bytes) const { return impl_->parse(bytes); }
-  void restore(bucket_checkpoint const& c) { impl_->apply(c); }
-  /// Collective: every rank restores, or none.
-  void restore(span<std::byte const> bytes) { impl_->restore(bytes); }
-  /// @}
-
-  /// The spec it was built from.
-  compressor_spec const& spec() const { return spec_; }
-  /// Bytes the last step put on the wire, per rank.
-  std::size_t wire_bytes() const { return impl_->wire_bytes(); }
-  /// Steps committed, warm-up included.
-  std::uint64_t steps() const { return impl_->steps(); }
-  /// The bucket.
-  bucket_layout const& layout() const { return impl_->layout(); }
-  /// The configuration's hash (see reduce_scatterer::fingerprint).
-  std::uint64_t fingerprint() const { return impl_->fingerprint(); }
-
- private:
-  struct base {
-    virtual ~base() = default;
-    virtual void step(span<Gradient, memory>, span<Gradient, memory>) = 0;
-    virtual void synchronize() = 0;
-    virtual int rank() const = 0;
-    virtual std::size_t shard_offset(int) const = 0;
-    virtual std::size_t shard_size(int) const = 0;
-    virtual std::vector<std::byte> save() = 0;
-    virtual bucket_checkpoint parse(span<std::byte const>) const = 0;
-    virtual void apply(bucket_checkpoint const&) = 0;
-    virtual void restore(span<std::byte const>) = 0;
-    virtual std::size_t wire_bytes() const = 0;
-    virtual std::uint64_t steps() const = 0;
-    virtual bucket_layout const& layout() const = 0;
-    virtual std::uint64_t fingerprint() const = 0;
-  };
-
-  template <class Scatterer>
-  struct model final : base {
-    template <class... A>
-    explicit model(int rank, A&&... a) : s(std::forward<A>(a)...), own(rank) {}
-    void step(span<Gradient, memory> g, span<Gradient, memory> shard) override { s(g, shard); }
-    void synchronize() override { s.synchronize(); }
-    int rank() const override { return own; }
-    std::size_t shard_offset(int r) const override { return s.shard_offset(r); }
-    std::size_t shard_size(int r) const override { return s.shard_size(r); }
-    std::vector<std::byte> save() override { return s.save(); }
-    bucket_checkpoint parse(span<std::byte const> b) const override { return s.parse_checkpoint(b); }
-    void apply(bucket_checkpoint const& c) override { s.restore(c); }
-    void restore(span<std::byte const> b) override { s.restore(b); }
-    std::size_t wire_bytes() const override { return s.wire_bytes(); }
-    std::uint64_t steps() const override { return s.steps(); }
-    bucket_layout const& layout() const override { return s.layout(); }
-    std::uint64_t fingerprint() const override { return s.fingerprint(); }
-    Scatterer s;
-    int own;
-  };
-
-  compressor_spec spec_;
-  std::unique_ptr<base> impl_;
+  std::size_t shard_size() const { return shard_size(this->impl_->rank()); }
 };
 
 }  // namespace gradcomp

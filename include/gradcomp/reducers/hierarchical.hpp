@@ -30,18 +30,13 @@
 // together and no shard's state moves alone.
 #pragma once
 
-#include <gradcomp/reducers/agreement.hpp>
-#include <gradcomp/reducers/allreducer.hpp>
 #include <gradcomp/reducers/detail/two_level.hpp>
 #include <gradcomp/reducers/node_groups.hpp>
 #include <gradcomp/reducers/shards.hpp>
 
 #include <cstdint>
-#include <optional>
 #include <string>
-#include <type_traits>
 #include <utility>
-#include <vector>
 
 namespace gradcomp::inline GRADCOMP_ABI {
 
@@ -55,14 +50,20 @@ namespace gradcomp::inline GRADCOMP_ABI {
 /// PowerSGD, sharded by whole tensors. Classic TopK, whose pairs do not sum,
 /// does not compile. Buckets are stored as `Gradient`: float, bfloat16 or
 /// half; error feedback keeps its fp32 residual on the shard either way.
+///
+/// Besides its own members it has those of detail::two_level, which the
+/// two-level reducers share: synchronize(), wire_bytes() (across nodes),
+/// steps(), warming_up(), layout(), compressor(), rail_elements(),
+/// residual(), fingerprint() and the checkpoints (save(), parse_checkpoint(),
+/// restore()).
 template <class Compressor, class ErrorFeedback, class Collective, class Space = default_space_t<Collective>,
           class Gradient = float>
-class hierarchical_allreducer {
+class hierarchical_allreducer : public detail::two_level<Compressor, ErrorFeedback, Collective, Space, Gradient> {
   static_assert(detail::shards_in_two_levels<Compressor>,
                 "hierarchical_allreducer shards buckets across a node's ranks: the compressor's payload must sum "
                 "(classic TopK's pairs do not: run it flat)");
   static_assert(gradient_element<Gradient>, "gradients are stored as float, bfloat16 or half");
-  static constexpr bool wide = std::is_same_v<Gradient, float>;
+  using base = detail::two_level<Compressor, ErrorFeedback, Collective, Space, Gradient>;
 
  public:
   using memory = typename Space::memory;  ///< Where gradients live.
@@ -78,125 +79,48 @@ class hierarchical_allreducer {
   /// The same, running in `space`.
   hierarchical_allreducer(Compressor compressor, node_groups<Collective>& groups, bucket_layout layout, Space space,
                           hierarchical_options options = {})
-      : groups_(&groups),
-        layout_(std::move(layout)),
-        space_(space),
-        options_(options),
-        rail_(groups.cross, groups.local) {
-    int const per_node = groups.ranks_per_node();
-    std::size_t const d = layout_.size();
-    int const first = static_cast<int>(options_.reduce.bucket % static_cast<std::uint64_t>(per_node));
-    detail::node_parts parts;
-    if constexpr (detail::shards_by_tensors<Compressor>)
-      parts = detail::tensor_parts(layout_, per_node, first);
-    else
-      parts = detail::element_parts(d, per_node, detail::shard_alignment(compressor));
-    auto const local_rank = static_cast<std::size_t>(groups.local.rank());
-    detail::set_up_on_every_rank(
-        groups, space_, d, detail::two_level_terms<ErrorFeedback, Gradient>(compressor, options_),
-        "hierarchical_allreducer", [&] {
-          allreducer_options o = options_.reduce;
-          o.bucket = o.bucket * static_cast<std::uint64_t>(per_node) + local_rank;
-          if constexpr (detail::shards_by_tensors<Compressor>)
-            inner_.emplace(std::move(compressor), rail_, detail::tensors_within(layout_, parts.of_rank[local_rank]),
-                           space_, o);
-          else
-            inner_.emplace(std::move(compressor), rail_, bucket_layout(parts.slot), space_, o);
-          node_.emplace(std::move(parts), space_, options_.bf16_within_node);
-          if (!wide) rounded_ = buffer<Gradient, Space>(node_->parts().slot, space_);
-        });
-  }
-  // (Not copied or moved: the rail's reducer keeps the address of rail_.)
-  hierarchical_allreducer(hierarchical_allreducer const&) = delete;
-  hierarchical_allreducer& operator=(hierarchical_allreducer const&) = delete;
+      : base(compressor, groups, layout, space, options, parts(compressor, groups, layout, options),
+             step_output::whole_bucket, "hierarchical_allreducer") {}
 
   /// Reduces `gradient` (layout().size() values) in place: on return every
   /// rank holds the mean over all ranks. A step that any rank of the world
   /// found bad commits nothing on any rank (see nonfinite_policy).
   void operator()(span<Gradient, memory> gradient) {
-    auto& local = groups_->local;
-    std::size_t const d = layout_.size(), padded = node_->padded(), slot = node_->parts().slot;
+    auto& local = this->groups_->local;
+    auto& rail = *this->engine_;
+    std::size_t const d = this->layout_.size();
     bool const ok = gradient.size() == d;
     // A wrong size still takes part in the step (with the old contents), so the
     // rail's agreement fails every rank instead of leaving peers waiting.
-    float* part = (*node_)(local, gradient, ok);
+    float* part = (*this->node_)(local, gradient, ok);
     if (!ok)  // (the rail's agreement then fails every rank of the world)
-      inner_->refuse_step("hierarchical_allreducer: the gradient has " + std::to_string(gradient.size()) +
-                          " elements but the bucket was set up for " + std::to_string(d) +
-                          " (every rank skips this step)");
-    (*inner_)(span<float, memory>(part, inner_->layout().size()));  // the slot, or this rank's tensors
-    Gradient* out = node_->in_place() && padded == d ? gradient.data() : node_->whole();
-    if constexpr (wide) {
-      local.all_gather(part, out, slot);
-    } else {
-      transform(space_, slot, inputs(part), outputs(detail::gradient_stream(rounded_.data())), detail::same_value{});
-      local.all_gather(rounded_.data(), out, slot);
-    }
-    if (out != gradient.data()) node_->unpack(gradient);
+      rail.refuse_step("hierarchical_allreducer: the gradient has " + std::to_string(gradient.size()) +
+                       " elements but the bucket was set up for " + std::to_string(d) +
+                       " (every rank skips this step)");
+    rail.reduce(span<float, memory>(part, rail.layout().size()));  // the slot, or this rank's tensors
+    this->node_->all_gather(local, part, gradient);
   }
 
-  /// Waits for every step enqueued so far (see allreducer::synchronize).
-  void synchronize() { inner_->synchronize(); }
-  /// Bytes the last step sent across nodes, per rank (its rail's wire bytes).
-  std::size_t wire_bytes() const { return inner_->wire_bytes(); }
   /// Bytes the last step moved inside the node, per rank: the reduce-scatter
   /// and the all-gather.
-  std::size_t node_bytes() const { return node_->bytes() + node_->padded() * sizeof(Gradient); }
-  /// Steps committed, warm-up included.
-  std::uint64_t steps() const { return inner_->steps(); }
-  /// True while the next step sends the plain fp32 mean.
-  bool warming_up() const { return inner_->warming_up(); }
-  /// The bucket.
-  bucket_layout const& layout() const { return layout_; }
+  std::size_t node_bytes() const { return this->node_->bytes() + this->node_->padded() * sizeof(Gradient); }
   /// The elements of each rank's slot in the node's reduce-scatter: the
   /// shard (a multiple of the compressor's block or chunk; the last shards
   /// may cover padding), or for PowerSGD the largest run of whole tensors.
-  std::size_t shard_size() const { return node_->parts().slot; }
-  /// The compressor and its parameters.
-  Compressor const& compressor() const { return inner_->compressor(); }
-  /// The elements of the bucket this rank reduces across nodes, with its
-  /// rail: its residual's first rail_elements().count values are theirs.
-  element_range rail_elements() const {
-    return node_->parts().of_rank[static_cast<std::size_t>(groups_->local.rank())];
-  }
-  /// This rank's shard's error-feedback residual (PowerSGD: of its tensors).
-  auto residual() const requires ErrorFeedback::enabled { return inner_->residual(); }
-  /// A hash of the configuration: the rail's, the node's size, the
-  /// intra-node precision, the bucket and how it is stored.
-  std::uint64_t fingerprint() const {
-    std::uint64_t h = detail::hash("hierarchical", inner_->fingerprint());
-    h = detail::hash_combine(h, layout_.fingerprint());
-    h = detail::hash_combine(h, static_cast<std::uint64_t>(groups_->ranks_per_node()));
-    h = detail::hash_combine(h, options_.bf16_within_node ? 1 : 0);
-    return wide ? h : detail::hash_combine(h, detail::gradient_tag<Gradient>);
-  }
-
-  /// @name Checkpoints: this rank's shard state (see allreducer::save)
-  /// @{
-  std::vector<std::byte> save() { return detail::wrap_rail_state(identity(), inner_->save()); }
-  bucket_checkpoint parse_checkpoint(span<std::byte const> bytes) const {
-    return inner_->parse_checkpoint(detail::unwrap_rail_state(bytes, identity()));
-  }
-  void restore(bucket_checkpoint const& c) { inner_->restore(c); }
-  /// Restores what save() wrote, on every rank of the world together, or on
-  /// none (checkpoint_error naming the problem).
-  void restore(span<std::byte const> bytes) { detail::restore_on_every_rank(*this, *groups_, space_, bytes); }
-  /// @}
+  std::size_t shard_size() const { return this->node_->parts().slot; }
 
  private:
-  detail::checkpoint_identity identity() const { return detail::two_level_identity(*groups_, fingerprint()); }
-
-  using inner_type =
-      allreducer<Compressor, ErrorFeedback, rail_collective<Collective>, default_aggregator_t<Compressor>, Space>;
-
-  node_groups<Collective>* groups_;
-  bucket_layout layout_;
-  Space space_;
-  hierarchical_options options_;
-  rail_collective<Collective> rail_;
-  std::optional<inner_type> inner_;
-  std::optional<detail::node_reduction<Space, Gradient>> node_;  // the first level, and the padded bucket
-  buffer<Gradient, Space> rounded_;  // a 16-bit bucket: the shard's mean, rounded for the all-gather
+  // Runs of elements, whole blocks or chunks; for PowerSGD runs of whole
+  // tensors, each bucket starting them at another rank.
+  static detail::node_parts parts(Compressor const& compressor, node_groups<Collective> const& groups,
+                                  bucket_layout const& layout, hierarchical_options const& options) {
+    int const per_node = groups.ranks_per_node();
+    if constexpr (detail::shards_by_tensors<Compressor>)
+      return detail::tensor_parts(layout, per_node,
+                                  static_cast<int>(options.reduce.bucket % static_cast<std::uint64_t>(per_node)));
+    else
+      return detail::element_parts(layout.size(), per_node, detail::shard_alignment(compressor));
+  }
 };
 
 }  // namespace gradcomp

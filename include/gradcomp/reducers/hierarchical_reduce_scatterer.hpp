@@ -22,14 +22,15 @@
 // reduce-scatter is bitwise its all-reduce's slice (see reduce_scatterer.hpp).
 #pragma once
 
-#include <gradcomp/reducers/hierarchical.hpp>
-#include <gradcomp/reducers/reduce_scatterer.hpp>
+#include <gradcomp/algorithm/transform.hpp>
+#include <gradcomp/reducers/detail/two_level.hpp>
+#include <gradcomp/reducers/node_groups.hpp>
+#include <gradcomp/reducers/shards.hpp>
 
+#include <algorithm>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <utility>
-#include <vector>
 
 namespace gradcomp::inline GRADCOMP_ABI {
 
@@ -41,15 +42,21 @@ namespace gradcomp::inline GRADCOMP_ABI {
 /// For the compressors reduce_scatterer takes (payloads summed element by
 /// element, no tensor shapes); PowerSGD and classic TopK do not compile.
 /// Buckets and shards are stored as `Gradient` (float, bfloat16 or half).
+///
+/// Besides its own members it has those of detail::two_level, as
+/// hierarchical_allreducer: synchronize(), wire_bytes() (across nodes),
+/// steps(), warming_up(), layout(), compressor(), rail_elements() (its
+/// part), residual() (of its part), fingerprint() and the checkpoints.
 template <class Compressor, class ErrorFeedback, class Collective, class Space = default_space_t<Collective>,
           class Gradient = float>
-class hierarchical_reduce_scatterer {
+class hierarchical_reduce_scatterer : public detail::two_level<Compressor, ErrorFeedback, Collective, Space, Gradient> {
   static_assert(detail::shards_by_elements<Compressor>,
                 "hierarchical_reduce_scatterer cuts buckets into shards of elements: the compressor's payload must be "
                 "summable and shape-free (PowerSGD and classic TopK cannot reduce-scatter: use an all-reduce)");
   static_assert(reduce_scattering<Collective>,
                 "hierarchical_reduce_scatterer needs a collective with reduce_scatter (gradcomp::reduce_scattering)");
   static_assert(gradient_element<Gradient>, "gradients are stored as float, bfloat16 or half");
+  using base = detail::two_level<Compressor, ErrorFeedback, Collective, Space, Gradient>;
 
  public:
   using memory = typename Space::memory;  ///< Where gradients live.
@@ -61,32 +68,15 @@ class hierarchical_reduce_scatterer {
       : hierarchical_reduce_scatterer(std::move(compressor), groups, std::move(layout), default_space(groups.local),
                                       options) {}
 
-  /// The same, running in `space`.
+  /// The same, running in `space`. Parts are N whole sub-shards each: the
+  /// rail's reduce-scatter then needs no padding, and every shard is as long
+  /// as a flat reduce-scatter's.
   hierarchical_reduce_scatterer(Compressor compressor, node_groups<Collective>& groups, bucket_layout layout,
                                 Space space, hierarchical_options options = {})
-      : groups_(&groups),
-        layout_(std::move(layout)),
-        space_(space),
-        options_(options),
-        rail_(groups.cross, groups.local) {
-    int const nodes = groups.nodes(), per_node = groups.ranks_per_node();
-    std::size_t const d = layout_.size();
-    // Parts of N whole sub-shards each: the rail's reduce-scatter then needs
-    // no padding, and every shard is as long as a flat reduce-scatter's.
-    auto parts =
-        detail::element_parts(d, per_node, static_cast<std::size_t>(nodes) * detail::shard_alignment(compressor));
-    detail::set_up_on_every_rank(
-        groups, space_, d, detail::two_level_terms<ErrorFeedback, Gradient>(compressor, options_),
-        "hierarchical_reduce_scatterer", [&] {
-          allreducer_options o = options_.reduce;
-          o.bucket = o.bucket * static_cast<std::uint64_t>(per_node) + static_cast<std::uint64_t>(groups.local.rank());
-          inner_.emplace(std::move(compressor), rail_, bucket_layout(parts.slot), space_, o);
-          node_.emplace(std::move(parts), space_, options_.bf16_within_node);
-        });
-  }
-  // (Not copied or moved: the rail's reducer keeps the address of rail_.)
-  hierarchical_reduce_scatterer(hierarchical_reduce_scatterer const&) = delete;
-  hierarchical_reduce_scatterer& operator=(hierarchical_reduce_scatterer const&) = delete;
+      : base(compressor, groups, layout, space, options,
+             detail::element_parts(layout.size(), groups.ranks_per_node(),
+                                   static_cast<std::size_t>(groups.nodes()) * detail::shard_alignment(compressor)),
+             step_output::own_block, "hierarchical_reduce_scatterer") {}
 
   /// Reduce-scatters `gradient`, this rank's whole bucket (layout().size()
   /// values), which the step consumes. On return (on the CUDA space, once the
@@ -96,19 +86,21 @@ class hierarchical_reduce_scatterer {
   /// on the host it throws on every rank and writes no shard; on the CUDA space
   /// the next call or synchronize() throws, and `shard` holds unspecified values.
   void operator()(span<Gradient, memory> gradient, span<Gradient, memory> shard) {
-    std::size_t const d = layout_.size(), slot = node_->parts().slot;
+    auto& rail = *this->engine_;
+    std::size_t const d = this->layout_.size(), slot = this->node_->parts().slot;
     bool const ok = gradient.size() == d && shard.size() == shard_size();
     // A wrong size still takes part in the step, whose agreement then fails
     // every rank instead of leaving peers waiting.
-    float* part = (*node_)(groups_->local, gradient, ok);
-    float* mine = part + inner_->shard_offset();  // the rail's shard, reduced in place
-    if (!ok)                                      // (the rail's agreement then fails every rank of the world)
-      inner_->refuse_step("hierarchical_reduce_scatterer: this rank passed a gradient of " +
-                          std::to_string(gradient.size()) + " elements and a shard of " + std::to_string(shard.size()) +
-                          "; the bucket has " + std::to_string(d) + " and this rank's shard " +
-                          std::to_string(shard_size()) + " (every rank skips this step)");
-    (*inner_)(span<float, memory>(part, slot), span<float, memory>(mine, inner_->shard_size()));
-    transform(space_, shard.size(), inputs(mine), outputs(detail::gradient_stream(shard.data())), detail::same_value{});
+    float* part = (*this->node_)(this->groups_->local, gradient, ok);
+    if (!ok)  // (the rail's agreement then fails every rank of the world)
+      rail.refuse_step("hierarchical_reduce_scatterer: this rank passed a gradient of " +
+                       std::to_string(gradient.size()) + " elements and a shard of " + std::to_string(shard.size()) +
+                       "; the bucket has " + std::to_string(d) + " and this rank's shard " +
+                       std::to_string(shard_size()) + " (every rank skips this step)");
+    rail.reduce(span<float, memory>(part, slot));  // the rail's block of the part, reduced in place
+    float const* mine = part + sub_shard() * static_cast<std::size_t>(this->groups_->cross.rank());
+    transform(this->space_, shard.size(), inputs(mine), outputs(detail::gradient_stream(shard.data())),
+              detail::same_value{});
   }
 
   /// Where the shard of the rank with local rank `local_rank` on node `node`
@@ -124,75 +116,26 @@ class hierarchical_reduce_scatterer {
   /// How many elements the shard of world rank `rank` holds (counted so).
   std::size_t shard_size(int rank) const { return shard_size(rank / per_node(), rank % per_node()); }
   /// Where this rank's shard starts.
-  std::size_t shard_offset() const { return shard_offset(groups_->cross.rank(), groups_->local.rank()); }
+  std::size_t shard_offset() const { return shard_offset(this->groups_->cross.rank(), this->groups_->local.rank()); }
   /// How many elements this rank's shard holds.
-  std::size_t shard_size() const { return shard_size(groups_->cross.rank(), groups_->local.rank()); }
+  std::size_t shard_size() const { return shard_size(this->groups_->cross.rank(), this->groups_->local.rank()); }
 
-  /// Waits for every step enqueued so far (see allreducer::synchronize).
-  void synchronize() { inner_->synchronize(); }
-  /// Bytes the last step sent across nodes, per rank (its rail's wire bytes).
-  std::size_t wire_bytes() const { return inner_->wire_bytes(); }
   /// Bytes the last step sent inside the node, per rank: its reduce-scatter.
-  std::size_t node_bytes() const { return node_->bytes(); }
-  /// Steps committed, warm-up included.
-  std::uint64_t steps() const { return inner_->steps(); }
-  /// True while the next step sends the plain fp32 mean.
-  bool warming_up() const { return inner_->warming_up(); }
-  /// The bucket.
-  bucket_layout const& layout() const { return layout_; }
-  /// The compressor and its parameters.
-  Compressor const& compressor() const { return inner_->compressor(); }
-  /// The elements of the bucket this rank reduce-scatters across nodes with
-  /// its rail (its part): its residual's first rail_elements().count values
-  /// are theirs.
-  element_range rail_elements() const {
-    return node_->parts().of_rank[static_cast<std::size_t>(groups_->local.rank())];
-  }
-  /// The error-feedback residual of this rank's part.
-  auto residual() const requires ErrorFeedback::enabled { return inner_->residual(); }
-  /// A hash of the configuration: the rail's reduce-scatter, the node's size,
-  /// the intra-node precision, the bucket and how it is stored.
-  std::uint64_t fingerprint() const {
-    std::uint64_t h = detail::hash("hierarchical reduce-scatter", inner_->fingerprint());
-    h = detail::hash_combine(h, layout_.fingerprint());
-    h = detail::hash_combine(h, static_cast<std::uint64_t>(groups_->ranks_per_node()));
-    h = detail::hash_combine(h, options_.bf16_within_node ? 1 : 0);
-    return detail::hash_combine(h, detail::gradient_tag<Gradient>);
-  }
-
-  /// @name Checkpoints: this rank's part state (see allreducer::save)
-  /// @{
-  std::vector<std::byte> save() { return detail::wrap_rail_state(identity(), inner_->save()); }
-  bucket_checkpoint parse_checkpoint(span<std::byte const> bytes) const {
-    return inner_->parse_checkpoint(detail::unwrap_rail_state(bytes, identity()));
-  }
-  void restore(bucket_checkpoint const& c) { inner_->restore(c); }
-  /// Restores what save() wrote, on every rank of the world together, or on
-  /// none (checkpoint_error naming the problem).
-  void restore(span<std::byte const> bytes) { detail::restore_on_every_rank(*this, *groups_, space_, bytes); }
-  /// @}
+  std::size_t node_bytes() const { return this->node_->bytes(); }
 
  private:
-  int per_node() const { return groups_->ranks_per_node(); }
+  int per_node() const { return this->groups_->ranks_per_node(); }
+  // Each node's block of a part, on the rail.
+  std::size_t sub_shard() const { return this->node_->parts().slot / static_cast<std::size_t>(this->groups_->nodes()); }
 
   // Shard (node, local rank): sub-shard `node` of part `local rank`, within
   // the bucket (the padding of the last parts is no one's).
   element_range shard(int node, int local_rank) const {
-    std::size_t const d = layout_.size(), sub = node_->parts().slot / static_cast<std::size_t>(groups_->nodes());
-    std::size_t const first =
-        std::min(d, node_->parts().slot * static_cast<std::size_t>(local_rank) + sub * static_cast<std::size_t>(node));
+    std::size_t const d = this->layout_.size(), sub = sub_shard();
+    std::size_t const first = std::min(
+        d, this->node_->parts().slot * static_cast<std::size_t>(local_rank) + sub * static_cast<std::size_t>(node));
     return {first, std::min(d, first + sub) - first};
   }
-
-  detail::checkpoint_identity identity() const { return detail::two_level_identity(*groups_, fingerprint()); }
-
-  node_groups<Collective>* groups_;
-  bucket_layout layout_;
-  Space space_;
-  hierarchical_options options_;
-  rail_collective<Collective> rail_;
-  std::optional<reduce_scatterer<Compressor, ErrorFeedback, rail_collective<Collective>, Space>> inner_;
-  std::optional<detail::node_reduction<Space, Gradient>> node_;  // the first level
 };
 
 }  // namespace gradcomp::inline GRADCOMP_ABI

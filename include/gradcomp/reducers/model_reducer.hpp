@@ -7,6 +7,7 @@
 #include <gradcomp/reducers/any_allreducer.hpp>
 #include <gradcomp/reducers/bucket_plan.hpp>
 #include <gradcomp/reducers/model_reducer_options.hpp>
+#include <gradcomp/reducers/options.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -188,13 +189,8 @@ class model_reducer {
   /// every rank throws checkpoint_error and no bucket changes.
   /// @note Collective; waits for the space.
   void restore(span<std::byte const> bytes) {
-    std::vector<bucket_checkpoint> parsed;
-    std::string failure;
-    try {
-      parsed = detail::parse_each(bytes, identity(), reducers_);
-    } catch (checkpoint_error const& e) {
-      failure = e.what();
-    }
+    auto const [parsed, failure] =
+        detail::parsed_or_why([&] { return detail::parse_each(bytes, identity(), reducers_); });
     std::uint64_t const steps = parsed.empty() ? 0 : parsed.front().steps;
     // One agreement for every bucket, over the world.
     expect_restorable(agree(steps, 0, failure), failure);

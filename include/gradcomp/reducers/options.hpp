@@ -11,6 +11,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gradcomp::inline GRADCOMP_ABI {
@@ -41,6 +42,17 @@ struct bucket_checkpoint {
 };
 
 namespace detail {
+/// What `parse` (a checkpoint's parse) returns, or the checkpoint_error it
+/// threw, for the agreement of every rank before any restores.
+template <class Parse>
+auto parsed_or_why(Parse&& parse) -> std::pair<decltype(parse()), std::string> {
+  try {
+    return {parse(), {}};
+  } catch (checkpoint_error const& e) {
+    return {{}, e.what()};
+  }
+}
+
 /// A bucket's checkpoint sealed with `id`: its committed steps, its residual
 /// and its compressor's kept state, read from `space`.
 template <class Space>

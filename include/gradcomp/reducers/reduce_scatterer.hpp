@@ -17,7 +17,7 @@
 // 16-bit cast's values in another order (a rounding apart).
 #pragma once
 
-#include <gradcomp/reducers/allreducer.hpp>
+#include <gradcomp/reducers/bucket_engine.hpp>
 #include <gradcomp/reducers/shards.hpp>
 
 #include <algorithm>
@@ -43,13 +43,15 @@ namespace gradcomp::inline GRADCOMP_ABI {
 /// \tparam Gradient      float, bfloat16 or half: how buckets are stored.
 template <class Compressor, class ErrorFeedback, class Collective, class Space = default_space_t<Collective>,
           class Gradient = float>
-class reduce_scatterer {
+class reduce_scatterer : bucket_engine<Compressor, ErrorFeedback, Collective, allreduce_aggregator, Space> {
   static_assert(detail::shards_by_elements<Compressor>,
                 "reduce_scatterer cuts buckets into shards of elements: the compressor's payload must be summable "
                 "and shape-free (PowerSGD and classic TopK cannot reduce-scatter: use allreducer)");
   static_assert(reduce_scattering<Collective>,
                 "reduce_scatterer needs a collective with reduce_scatter (gradcomp::reduce_scattering)");
   static_assert(gradient_element<Gradient>, "gradients are stored as float, bfloat16 or half");
+  // The engine runs on the padded bucket, each step delivering this rank's shard.
+  using engine = bucket_engine<Compressor, ErrorFeedback, Collective, allreduce_aggregator, Space>;
 
  public:
   using memory = typename Space::memory;  ///< Where gradients live.
@@ -63,14 +65,12 @@ class reduce_scatterer {
   /// The same, running in `space`.
   reduce_scatterer(Compressor compressor, Collective& collective, bucket_layout layout, Space space,
                    allreducer_options options = {})
-      : ranks_(collective.size()),
+      : engine(compressor, collective, padded(layout, collective.size(), compressor), space, options,
+               step_output::own_block),
         rank_(collective.rank()),
         layout_(std::move(layout)),
-        parts_(detail::element_parts(layout_.size(), ranks_, detail::shard_alignment(compressor))),
-        padded_(padded(layout_, parts_.slot * static_cast<std::size_t>(ranks_))),
-        space_(space),
-        inner_(std::move(compressor), collective, padded_, space, options, step_output::own_block),
-        whole_(padded_.size() == layout_.size() ? 0 : padded_.size(), space) {}
+        parts_(detail::element_parts(layout_.size(), collective.size(), detail::shard_alignment(compressor))),
+        whole_(engine::layout().size() == layout_.size() ? 0 : engine::layout().size(), space) {}
 
   /// Reduce-scatters `gradient`, this rank's whole bucket (layout().size()
   /// values), which the step consumes: its contents afterwards are
@@ -82,15 +82,15 @@ class reduce_scatterer {
   /// call or synchronize() throws, and `shard` then holds this rank's own
   /// values.
   void operator()(span<Gradient, memory> gradient, span<Gradient, memory> shard) {
-    std::size_t const d = layout_.size(), padded = padded_.size();
+    std::size_t const d = layout_.size(), padded = padded_layout().size();
     if (gradient.size() != d || shard.size() != shard_size())  // (every rank then fails the step, none waits)
       refuse_step("reduce_scatterer: this rank passed a gradient of " + std::to_string(gradient.size()) +
                   " elements and a shard of " + std::to_string(shard.size()) + "; the bucket has " + std::to_string(d) +
                   " and this rank's shard " + std::to_string(shard_size()) + " (every rank skips this step)");
-    Gradient* whole = detail::padded_bucket(space_, gradient, whole_.data(), padded);
-    inner_(span<Gradient, memory>(whole, padded));
+    Gradient* whole = detail::padded_bucket(this->space(), gradient, whole_.data(), padded);
+    this->reduce(span<Gradient, memory>(whole, padded));
     Gradient const* mine = whole + shard_offset();
-    if (!shard.empty() && shard.data() != mine) space_.copy(shard.data(), mine, shard.size_bytes());
+    if (!shard.empty() && shard.data() != mine) this->space().copy(shard.data(), mine, shard.size_bytes());
   }
 
   /// Where rank `rank`'s shard starts in the bucket.
@@ -103,52 +103,33 @@ class reduce_scatterer {
   /// How many elements this rank's shard holds.
   std::size_t shard_size() const { return shard_size(rank_); }
 
-  /// Waits for every step enqueued so far (see allreducer::synchronize).
-  void synchronize() { inner_.synchronize(); }
-  /// Refuses this step on every rank (see allreducer::refuse_step).
-  [[noreturn]] void refuse_step(std::string const& why) { inner_.refuse_step(why); }
-  /// Bytes the last step put on the wire, per rank (see step_context::wire_bytes).
-  std::size_t wire_bytes() const { return inner_.wire_bytes(); }
-  /// Steps committed, warm-up included.
-  std::uint64_t steps() const { return inner_.steps(); }
-  /// True while the next step sends the plain fp32 mean.
-  bool warming_up() const { return inner_.warming_up(); }
   /// The bucket.
   bucket_layout const& layout() const { return layout_; }
   /// The bucket the compressor sees: layout() and, where shards need it, a
   /// last tensor of zero padding.
-  bucket_layout const& padded_layout() const { return padded_; }
-  /// The compressor and its parameters.
-  Compressor const& compressor() const { return inner_.compressor(); }
-  /// The options.
-  allreducer_options const& options() const { return inner_.options(); }
-  /// The error-feedback residual of this rank's whole padded bucket.
-  auto residual() const requires ErrorFeedback::enabled { return inner_.residual(); }
-  /// A hash of the configuration (the all-reduce path's, marked as a
-  /// reduce-scatter of these shards).
-  std::uint64_t fingerprint() const { return inner_.fingerprint(); }
+  bucket_layout const& padded_layout() const { return engine::layout(); }
 
-  /// @name Checkpoints: this rank's state, as allreducer's
-  /// @{
-  std::vector<std::byte> save() { return inner_.save(); }
-  bucket_checkpoint parse_checkpoint(span<std::byte const> bytes) const { return inner_.parse_checkpoint(bytes); }
-  void restore(bucket_checkpoint const& c) { inner_.restore(c); }
-  /// Collective: every rank restores, or none (see allreducer::restore).
-  void restore(span<std::byte const> bytes) { inner_.restore(bytes); }
-  /// @}
+  /// The engine's (see bucket_engine): synchronize() and refuse_step();
+  /// wire_bytes() per rank; steps(), warming_up(), compressor(), options();
+  /// residual() of this rank's whole padded bucket; fingerprint(), the
+  /// all-reduce path's marked as a reduce-scatter of these shards; and the
+  /// checkpoints of this rank's state, save(), parse_checkpoint() and both
+  /// restore()s (the one of bytes collective: every rank restores, or none).
+  using engine::synchronize, engine::refuse_step, engine::wire_bytes, engine::steps, engine::warming_up,
+      engine::compressor, engine::options, engine::residual, engine::fingerprint, engine::save,
+      engine::parse_checkpoint, engine::restore;
 
  private:
-  static bucket_layout padded(bucket_layout layout, std::size_t elements) {
+  static bucket_layout padded(bucket_layout layout, int ranks, Compressor const& compressor) {
+    std::size_t const elements = detail::element_parts(layout.size(), ranks, detail::shard_alignment(compressor)).slot *
+                                 static_cast<std::size_t>(ranks);
     if (elements > layout.size()) layout.add({elements - layout.size()});
     return layout;
   }
 
-  int ranks_, rank_;
+  int rank_;
   bucket_layout layout_;
-  detail::node_parts parts_;  // each rank's shard, in rank order, and the slot they pad to
-  bucket_layout padded_;
-  Space space_;
-  allreducer<Compressor, ErrorFeedback, Collective, allreduce_aggregator, Space> inner_;
+  detail::node_parts parts_;       // each rank's shard, in rank order, and the slot they pad to
   buffer<Gradient, Space> whole_;  // the padded bucket, where the bucket needs padding
 };
 

@@ -1,18 +1,23 @@
 // What the two-level reducers (hierarchical_allreducer and
-// hierarchical_reduce_scatterer) share: their options, the node's first
-// level (node_reduction), their set-up on every rank together, and their
-// checkpoints' envelope.
+// hierarchical_reduce_scatterer) share: their options, and two_level, the
+// state both own (the node's first level, the rail's bucket engine) with
+// what both show of it: their set-up on every rank together, the rail's
+// accessors and their checkpoints' envelope.
 #pragma once
 
 #include <gradcomp/detail/hash.hpp>
 #include <gradcomp/execution.hpp>
+#include <gradcomp/pipeline/aggregator.hpp>
 #include <gradcomp/pipeline/checkpoint.hpp>
 #include <gradcomp/reducers/agreement.hpp>
+#include <gradcomp/reducers/bucket_engine.hpp>
+#include <gradcomp/reducers/detail/node_reduction.hpp>
 #include <gradcomp/reducers/node_groups.hpp>
 #include <gradcomp/reducers/options.hpp>
 #include <gradcomp/reducers/shards.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -30,174 +35,6 @@ struct hierarchical_options {
 };
 
 namespace detail {
-// (16-bit elements travel through these as widened streams: read as float,
-// written rounded once.)
-struct divide_by {
-  float n;
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t, float x, float& out) const { out = x / n; }
-};
-struct same_value {
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t, float x, float& out) const { out = x; }
-};
-
-/// The first level of a two-level step, which the hierarchical all-reduce and
-/// reduce-scatter share: the node's reduce-scatter of a bucket (fp32, or bf16
-/// for half the bytes), after which this rank holds the node's mean of its
-/// slot, in fp32. Owns the padded bucket, which the all-gather reuses.
-template <class Space, class Gradient>
-class node_reduction {
-  static constexpr bool wide = std::is_same_v<Gradient, float>;
-
- public:
-  using memory = typename Space::memory;
-
-  node_reduction(node_parts parts, Space space, bool bf16)
-      : parts_(std::move(parts)), in_place_(parts_.in_place()), space_(space), bf16_(bf16) {
-    std::size_t const slot = parts_.slot, padded = slot * parts_.of_rank.size();
-    whole_ = buffer<Gradient, Space>(padded, space_);
-    part_ = buffer<float, Space>(slot, space_);
-    if (bf16)  // the node's sum, after the bucket in bf16 unless it is already
-      narrow_ = buffer<bfloat16, Space>(std::is_same_v<Gradient, bfloat16> ? slot : slot + padded, space_);
-    else if (!wide)
-      widened_ = buffer<float, Space>(padded, space_);
-    space_.fill_zero(whole_.data(), padded * sizeof(Gradient));
-  }
-
-  /// Reduce-scatters `gradient` (the bucket, or when `ok` is false the padded
-  /// bucket's old contents, so that a rank with a wrong size still takes part)
-  /// over the node `local`, and returns this rank's slot of the node's mean.
-  template <class Collective>
-  float* operator()(Collective& local, span<Gradient, memory> gradient, bool ok) {
-    std::size_t const slot = parts_.slot, padded = whole_.size();
-    float const per_node = static_cast<float>(local.size());
-    Gradient* send = !ok         ? whole_.data()
-                     : in_place_ ? padded_bucket(space_, gradient, whole_.data(), padded)
-                                 : pack(gradient);
-    if (bf16_) {
-      bfloat16* node_in = narrow_.data() + slot;
-      if constexpr (std::is_same_v<Gradient, bfloat16>)
-        node_in = send;
-      else
-        transform(space_, padded, inputs(gradient_stream(send)), outputs(widened<bfloat16>{node_in}), same_value{});
-      local.reduce_scatter(node_in, narrow_.data(), slot, reduce_op::sum);
-      transform(space_, slot, inputs(widened<bfloat16>{narrow_.data()}), outputs(part_.data()), divide_by{per_node});
-    } else {
-      float* node_in = widened_.data();
-      if constexpr (wide)
-        node_in = send;
-      else
-        transform(space_, padded, inputs(gradient_stream(send)), outputs(node_in), same_value{});
-      local.reduce_scatter(node_in, part_.data(), slot, reduce_op::sum);
-      transform(space_, slot, inputs(part_.data()), outputs(part_.data()), divide_by{per_node});
-    }
-    return part_.data();
-  }
-
-  /// Each local rank's part of the bucket, and the slot it travels in.
-  node_parts const& parts() const { return parts_; }
-  /// True when the padded bucket is the slots in order (parts_.in_place()).
-  bool in_place() const { return in_place_; }
-  /// The padded bucket: the slots of every local rank.
-  Gradient* whole() { return whole_.data(); }
-  std::size_t padded() const { return whole_.size(); }
-  /// Bytes each rank sends into the node's reduce-scatter.
-  std::size_t bytes() const { return whole_.size() * (bf16_ ? sizeof(bfloat16) : sizeof(float)); }
-
-  /// The all-gathered slots back into the bucket (runs of tensors).
-  void unpack(span<Gradient, memory> gradient) {
-    for (std::size_t r = 0; r < parts_.of_rank.size(); ++r) {
-      auto const [first, count] = parts_.of_rank[r];
-      space_.copy(gradient.data() + first, whole_.data() + r * parts_.slot, count * sizeof(Gradient));
-    }
-  }
-
- private:
-  // The bucket in slots, for a reduce-scatter whose slots are not where the
-  // parts are in the bucket (runs of tensors): each part, then zeros.
-  Gradient* pack(span<Gradient, memory> gradient) {
-    Gradient* whole = whole_.data();
-    for (std::size_t r = 0; r < parts_.of_rank.size(); ++r) {
-      auto const [first, count] = parts_.of_rank[r];
-      Gradient* slot = whole + r * parts_.slot;
-      space_.copy(slot, gradient.data() + first, count * sizeof(Gradient));
-      space_.fill_zero(slot + count, (parts_.slot - count) * sizeof(Gradient));
-    }
-    return whole;
-  }
-
-  node_parts parts_;
-  bool in_place_;
-  Space space_;
-  bool bf16_;
-  buffer<Gradient, Space> whole_;   // the padded bucket (padding, and the all-gather)
-  buffer<float, Space> part_;       // this rank's slot: the node's mean
-  buffer<bfloat16, Space> narrow_;  // bf16 within the node: the slot's sum, then the bucket in bf16
-  buffer<float, Space> widened_;    // a 16-bit bucket in fp32, for an fp32 reduce-scatter
-};
-
-/// The identity of a two-level reducer's checkpoints: the world's size, and
-/// this rank's place in it counted node by node.
-template <class Collective>
-checkpoint_identity two_level_identity(node_groups<Collective> const& g, std::uint64_t fingerprint) {
-  return {checkpoint_kind::hierarchical, fingerprint, static_cast<std::uint32_t>(g.nodes() * g.ranks_per_node()),
-          static_cast<std::uint32_t>(g.cross.rank() * g.ranks_per_node() + g.local.rank())};
-}
-
-/// A two-level reducer's checkpoint: its rail's state, in an envelope that
-/// names the world.
-inline std::vector<std::byte> wrap_rail_state(checkpoint_identity const& id, std::vector<std::byte> const& rail) {
-  checkpoint_writer w(id);
-  w.word(rail.size());
-  w.raw(rail.data(), rail.size());
-  return std::move(w).finish();
-}
-
-/// The rail's state inside a two-level checkpoint (checkpoint_error if the
-/// envelope does not match `id`).
-inline span<std::byte const> unwrap_rail_state(span<std::byte const> bytes, checkpoint_identity const& id) {
-  checkpoint_reader r(open(bytes, id));
-  auto const rail = r.block("the shard's state");
-  r.finish();
-  return rail;
-}
-
-/// Restores `reducer` (a two-level reducer) from `bytes` on every rank of
-/// the world together, or on none (checkpoint_error naming the problem).
-template <class Reducer, class Collective, class Space>
-void restore_on_every_rank(Reducer& reducer, node_groups<Collective>& g, Space const& space,
-                           span<std::byte const> bytes) {
-  bucket_checkpoint c;
-  std::string failure;
-  try {
-    c = reducer.parse_checkpoint(bytes);
-  } catch (checkpoint_error const& e) {
-    failure = e.what();
-  }
-  expect_restorable(agreement(g.local, g.cross, space, failure.empty() ? c.steps : 0, 0, failure), failure);
-  reducer.restore(c);
-}
-
-/// Sets a two-level reducer (named `who`) up on every rank of the world
-/// together, or on none. First every rank states its bucket size `d` (zero
-/// is valid, as flat: its steps always commit) and `fingerprint`
-/// (two_level_terms), and sees every other's, before any rail exchanges
-/// anything; then `build` runs, and if it throws on any rank (a lane that
-/// would overflow), every rank throws invalid_argument naming the first rank
-/// that failed.
-template <class Collective, class Space, class Build>
-void set_up_on_every_rank(node_groups<Collective>& g, Space const& space, std::size_t d, std::uint64_t fingerprint,
-                          char const* who, Build&& build) {
-  expect_same_bucket(agreement(g.local, g.cross, space, d, fingerprint, ""), who,
-                     "compressor, its parameters, its options or the gradients' type differ from rank 0's");
-  std::string failure;
-  try {
-    build();
-  } catch (std::exception const& e) {
-    failure = "across " + std::to_string(g.nodes()) + " nodes of " + std::to_string(g.ranks_per_node()) +
-              " ranks (lanes sum one value per node): " + e.what();
-  }
-  expect_none_failed(agreement(g.local, g.cross, space, 0, 0, failure), failure, who, "this configuration");
-}
 
 /// How a two-level reducer's buckets are stored, for the ranks' agreement
 /// (float: 0, as before 16-bit buckets existed, so that fp32 checkpoints keep
@@ -221,6 +58,137 @@ std::uint64_t two_level_terms(Compressor const& compressor, hierarchical_options
   h = hash_combine(h, o.reduce.seed.has_value() ? 1 : 0);
   return hash_combine(h, o.reduce.seed.value_or(0));
 }
-}  // namespace detail
 
-}  // namespace gradcomp
+/// The state a two-level reducer owns, and what both of them show of it: the
+/// node's first level (node_reduction) over `parts`, and the bucket engine of
+/// this rank's part on its rail, whose steps deliver `output` (the part's
+/// mean for the all-reduce, the rail's block of it for the reduce-scatter).
+///
+/// Construction is collective over the world: first every rank states its
+/// bucket size (zero is valid, as flat: its steps always commit) and the
+/// terms every rank must share (two_level_terms), before any rail exchanges
+/// anything; then the rail's engine is set up, and if that fails on any rank
+/// (a lane that would overflow), every rank throws invalid_argument naming
+/// the first rank that failed. Not copied or moved: the engine keeps the
+/// address of the rail.
+template <class Compressor, class ErrorFeedback, class Collective, class Space, class Gradient>
+class two_level {
+ public:
+  using memory = typename Space::memory;  ///< Where gradients live.
+
+  two_level(two_level const&) = delete;
+  two_level& operator=(two_level const&) = delete;
+
+  /// Waits for every step enqueued so far (see allreducer::synchronize).
+  void synchronize() { engine_->synchronize(); }
+  /// Bytes the last step sent across nodes, per rank (its rail's wire bytes).
+  std::size_t wire_bytes() const { return engine_->wire_bytes(); }
+  /// Steps committed, warm-up included.
+  std::uint64_t steps() const { return engine_->steps(); }
+  /// True while the next step sends the plain fp32 mean.
+  bool warming_up() const { return engine_->warming_up(); }
+  /// The bucket.
+  bucket_layout const& layout() const { return layout_; }
+  /// The compressor and its parameters.
+  Compressor const& compressor() const { return engine_->compressor(); }
+  /// The elements of the bucket this rank reduces across nodes with its
+  /// rail (its part): its residual's first rail_elements().count values are
+  /// theirs.
+  element_range rail_elements() const {
+    return node_->parts().of_rank[static_cast<std::size_t>(groups_->local.rank())];
+  }
+  /// The error-feedback residual of this rank's part (PowerSGD: of its tensors).
+  auto residual() const requires ErrorFeedback::enabled { return engine_->residual(); }
+
+  /// A hash of the configuration: the rail's, the node's size, the
+  /// intra-node precision, the bucket and how it is stored.
+  std::uint64_t fingerprint() const {
+    bool const all_reduce = output_ == step_output::whole_bucket;
+    std::uint64_t h = hash(all_reduce ? "hierarchical" : "hierarchical reduce-scatter", engine_->fingerprint());
+    h = hash_combine(h, layout_.fingerprint());
+    h = hash_combine(h, static_cast<std::uint64_t>(groups_->ranks_per_node()));
+    h = hash_combine(h, options_.bf16_within_node ? 1 : 0);
+    // (an fp32 all-reduce hashes no storage tag, as before 16-bit buckets)
+    return all_reduce && std::is_same_v<Gradient, float> ? h : hash_combine(h, gradient_tag<Gradient>);
+  }
+
+  /// @name Checkpoints: this rank's part's state (see allreducer::save), in
+  /// an envelope that names the world
+  /// @{
+  std::vector<std::byte> save() {
+    std::vector<std::byte> const rail = engine_->save();
+    checkpoint_writer w(identity());
+    w.word(rail.size());
+    w.raw(rail.data(), rail.size());
+    return std::move(w).finish();
+  }
+  bucket_checkpoint parse_checkpoint(span<std::byte const> bytes) const {
+    checkpoint_reader r(open(bytes, identity()));
+    auto const rail = r.block("the shard's state");
+    r.finish();
+    return engine_->parse_checkpoint(rail);
+  }
+  void restore(bucket_checkpoint const& c) { engine_->restore(c); }
+  /// Restores what save() wrote, on every rank of the world together, or on
+  /// none (checkpoint_error naming the problem).
+  void restore(span<std::byte const> bytes) {
+    auto const [c, failure] = parsed_or_why([&] { return parse_checkpoint(bytes); });
+    expect_restorable(agreement(groups_->local, groups_->cross, space_, failure.empty() ? c.steps : 0, 0, failure),
+                      failure);
+    restore(c);
+  }
+  /// @}
+
+ protected:
+  using engine_type =
+      bucket_engine<Compressor, ErrorFeedback, rail_collective<Collective>, default_aggregator_t<Compressor>, Space>;
+
+  /// Sets up the bucket `layout` over `groups` (see the class), cut into
+  /// `parts` for the node's ranks; `who` names the reducer in errors.
+  two_level(Compressor compressor, node_groups<Collective>& groups, bucket_layout layout, Space space,
+            hierarchical_options options, node_parts parts, step_output output, char const* who)
+      : groups_(&groups),
+        layout_(std::move(layout)),
+        space_(space),
+        options_(options),
+        output_(output),
+        rail_(groups.cross, groups.local) {
+    expect_same_bucket(agreement(groups.local, groups.cross, space_, layout_.size(),
+                                 two_level_terms<ErrorFeedback, Gradient>(compressor, options_), ""),
+                       who, "compressor, its parameters, its options or the gradients' type differ from rank 0's");
+    std::string failure;
+    try {
+      auto const local_rank = static_cast<std::size_t>(groups.local.rank());
+      allreducer_options o = options_.reduce;  // (each rail of a bucket draws its own numbers)
+      o.bucket = o.bucket * static_cast<std::uint64_t>(groups.ranks_per_node()) + local_rank;
+      bucket_layout part = shards_by_tensors<Compressor> ? tensors_within(layout_, parts.of_rank[local_rank])
+                                                         : bucket_layout(parts.slot);
+      engine_.emplace(std::move(compressor), rail_, std::move(part), space_, o, output);
+      node_.emplace(std::move(parts), space_, options_.bf16_within_node, output == step_output::whole_bucket);
+    } catch (std::exception const& e) {
+      failure = "across " + std::to_string(groups.nodes()) + " nodes of " + std::to_string(groups.ranks_per_node()) +
+                " ranks (lanes sum one value per node): " + e.what();
+    }
+    expect_none_failed(agreement(groups.local, groups.cross, space_, 0, 0, failure), failure, who,
+                       "this configuration");
+  }
+  ~two_level() = default;
+
+  checkpoint_identity identity() const {
+    auto const& g = *groups_;
+    return {checkpoint_kind::hierarchical, fingerprint(), static_cast<std::uint32_t>(g.nodes() * g.ranks_per_node()),
+            static_cast<std::uint32_t>(g.cross.rank() * g.ranks_per_node() + g.local.rank())};
+  }
+
+  node_groups<Collective>* groups_;
+  bucket_layout layout_;
+  Space space_;
+  hierarchical_options options_;
+  step_output output_;
+  rail_collective<Collective> rail_;
+  std::optional<engine_type> engine_;                    // this rank's part, on its rail
+  std::optional<node_reduction<Space, Gradient>> node_;  // the first level, and the padded bucket
+};
+
+}  // namespace detail
+}  // namespace gradcomp::inline GRADCOMP_ABI
