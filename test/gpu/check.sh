@@ -6,6 +6,8 @@
 #                               builds the binaries into .gpu-kit/bin with the
 #                               shared libraries a bare GPU machine may lack,
 #                               plus doctest / Google Benchmark for a rebuild.
+#                               BUILD_DIR=build takes them from an existing
+#                               build tree configured for sm_90 instead.
 #   test/gpu/check.sh [run]     on the GPU machine: runs the kit's binaries, or
 #                               builds them there first (CMake, ninja, nvcc;
 #                               no network) when the kit has none.
@@ -49,10 +51,15 @@ PY
 }
 
 prepare() {
-  build build-gpu
+  local dir=${BUILD_DIR:-build-gpu}
+  if [ -n "${BUILD_DIR:-}" ]; then
+    cmake --build "$dir" --target gradcomp_gpu_tests gradcomp_bench_cuda
+  else
+    build "$dir"
+  fi
   rm -rf "$kit"
   mkdir -p "$kit/bin" "$kit/lib" "$kit/prefix/include" "$kit/prefix/lib/cmake" "$kit/prefix/lib/x86_64-linux-gnu/cmake"
-  cp build-gpu/test/gradcomp_gpu_tests build-gpu/bench/gradcomp_bench_cuda "$kit/bin/"
+  cp "$dir"/test/gradcomp_gpu_tests "$dir"/bench/gradcomp_bench_cuda "$kit/bin/"
   # Shared libraries outside the C/CUDA runtime that the binaries load
   # (NCCL and cuBLAS come from the GPU machine's Python packages: too big).
   ldd "$kit"/bin/* | awk '/libbenchmark|libgomp|libopenblas|libgfortran|libquadmath/ {print $3}' | sort -u |
@@ -121,7 +128,7 @@ run() {
     77) tests="skipped (no CUDA device)" ;;
     *) tests="FAILED (exit $status)"; tail -40 "$out/gpu_tests.log" ;;
   esac
-  timeout 240 "$bench_bin" --benchmark_min_time=0.1 --benchmark_filter="${BENCH_FILTER:-.}" --benchmark_out="$out/bench_cuda.json" \
+  timeout "${BENCH_SECONDS:-360}" "$bench_bin" --benchmark_min_time=0.1 --benchmark_filter="${BENCH_FILTER:-.}" --benchmark_out="$out/bench_cuda.json" \
     --benchmark_out_format=json >"$out/bench_cuda.log" 2>&1 || echo "benchmark binary failed: see $out/bench_cuda.log"
 
   echo

@@ -18,6 +18,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -295,7 +296,12 @@ void check_captured_step(C const& c, gradcomp::bucket_layout const& layout,
     single_rank<cuda_space> world(space);
     std::size_t const d = layout.size();
     auto const first = random_gradient(11, 0, d), second = random_gradient(12, 0, d);
-    allreducer<C, error_feedback::residual, single_rank<cuda_space>> eager(c, world, layout, space, options),
+    // With error feedback, but where the compressor bounds its error (QSGD,
+    // GlobalRandK): feedback on 300001 coordinates is no contraction there,
+    // and refused.
+    constexpr bool bounded = requires(C const& x, bucket_layout const& l) { x.error_bound(l); };
+    using EF = std::conditional_t<bounded, error_feedback::none, error_feedback::residual>;
+    allreducer<C, EF, single_rank<cuda_space>> eager(c, world, layout, space, options),
         captured(c, world, layout, space, options);
     auto e1 = upload(space, first), e2 = upload(space, second), c1 = upload(space, first), c2 = upload(space, second);
     eager(e1.view());
@@ -307,8 +313,10 @@ void check_captured_step(C const& c, gradcomp::bucket_layout const& layout,
     CHECK_NOTHROW(captured.synchronize());
     INFO(std::string(C::name));
     CHECK(download(space, e2.data(), d) == download(space, c2.data(), d));
-    auto const re = download(space, eager.residual().data(), d), rc = download(space, captured.residual().data(), d);
-    CHECK(std::memcmp(re.data(), rc.data(), d * sizeof(float)) == 0);
+    if constexpr (EF::enabled) {
+      auto const re = download(space, eager.residual().data(), d), rc = download(space, captured.residual().data(), d);
+      CHECK(std::memcmp(re.data(), rc.data(), d * sizeof(float)) == 0);
+    }
   }
   GRADCOMP_CUDA_TRY(cudaStreamDestroy(stream));
 }
