@@ -137,7 +137,9 @@ void host_reduce_first(host_space const& space, std::size_t n, std::size_t segme
     std::size_t const len = begin >= segment_end ? 0 : (begin + tile <= segment_end ? tile : segment_end - begin);
     auto const bound = bind_op(op);
     auto const rin = resolve_all(in);
-    auto const cin = make_pack(host_input(get<Is>(rin), begin, len, nullptr)...);
+    [[maybe_unused]] alignas(64) float widened_in[(is_widened<I> || ...) ? sizeof...(I) : 1][reduce_tile];
+    auto const cin = make_pack(
+        host_input(get<Is>(rin), begin, len, is_widened<I> ? widened_in[(is_widened<I> || ...) ? Is : 0] : nullptr)...);
     alignas(64) double p[reduce_lanes] = {};
     std::uint64_t bad_here = 0;
     std::size_t base = 0;

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <gradcomp/algorithm/streams.hpp>
+#include <gradcomp/detail/convert.hpp>
 #include <gradcomp/execution.hpp>
 
 #include <bit>
@@ -71,14 +72,11 @@ template <class T>
 zero_cursor<T> host_input(zeros<T>, std::size_t, std::size_t, float*) {
   return {};
 }
+// A 16-bit input: the chunk widened into its staging floats first.
 template <class T>
-struct widen_cursor {
-  T const* p;
-  float operator[](std::size_t k) const { return static_cast<float>(p[k]); }
-};
-template <class T>
-widen_cursor<T> host_input(widened<T> s, std::size_t begin, std::size_t, float*) {
-  return {s.data + begin};
+float const* host_input(widened<T> s, std::size_t begin, std::size_t len, float* staging) {
+  widen_run(s.data + begin, staging, len);
+  return staging;
 }
 inline float const* host_input(rounding_noise const& noise, std::size_t begin, std::size_t len, float* uniforms) {
   uint4x32 words[host_chunk / 8];
@@ -118,7 +116,7 @@ template <class S>
 void host_flush(S, std::size_t, std::size_t, float const*) {}
 template <class T>
 void host_flush(widened<T> s, std::size_t begin, std::size_t len, float const* staging) {
-  for (std::size_t k = 0; k < len; ++k) s.data[begin + k] = T(staging[k]);
+  narrow_run(staging, s.data + begin, len);
 }
 
 /// False for an op that declares its element work unvectorizable.
@@ -184,8 +182,10 @@ void host_transform(host_space const& space, std::size_t n, pack<I...> const& in
     [[maybe_unused]] auto const rin = resolve_all(in);
     [[maybe_unused]] alignas(
         64) float uniforms[host_chunk];  // noise streams' chunk (each stream its own would need more; one suffices)
+    [[maybe_unused]] alignas(64) float widened_in[(is_widened<I> || ...) ? sizeof...(I) : 1][host_chunk];
     [[maybe_unused]] alignas(64) float staging[(is_widened<O> || ...) ? sizeof...(O) : 1][host_chunk];
-    auto const cin = make_pack(host_input(get<Is>(rin), begin, len, uniforms)...);
+    auto const cin = make_pack(host_input(get<Is>(rin), begin, len,
+                                          is_widened<I> ? widened_in[(is_widened<I> || ...) ? Is : 0] : uniforms)...);
     auto cout = make_pack(host_output(get<Os>(rout), begin, staging[(is_widened<O> || ...) ? Os : 0])...);
     bad += host_chunk_run<Op>(bind_op(op), cin, cout, begin, len, is, os);
     (host_flush(get<Os>(rout), begin, len, staging[(is_widened<O> || ...) ? Os : 0]), ...);

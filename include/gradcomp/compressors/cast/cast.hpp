@@ -12,7 +12,8 @@
 // overflow) is bad, as is NaN or infinity.
 //
 // Passes over the gradient (d elements, bytes per element):
-//   encode [read g 4, (e 4); write payload sizeof(W), (e 4)],
+//   encode [read g 4, (e 4); write payload sizeof(W), (e 4)] (without error
+//   feedback it reads g alone),
 //   all-reduce of the payload,
 //   decode [read payload sizeof(W); write g 4].
 // Accuracy: each rank's term rounds once (relative 2^-24, 2^-8, 2^-11;
@@ -35,20 +36,37 @@
 namespace gradcomp::inline GRADCOMP_ABI {
 namespace detail {
 
+// The wire value travels as a float that the payload's stream rounds to W
+// on store (16-bit wires are widened<W> streams: on the host a chunk is
+// narrowed at once, with the CPU's conversion instructions where it has them).
+
+/// With error feedback: the wire value, and what the rank kept back.
 template <class W>
 struct cast_encode {
   float inverse, ranks, limit;  // 1/n, n, the admission limit
-  GRADCOMP_HOST_DEVICE bool operator()(std::size_t, float g, float e, W& payload, float& e_next) const {
+  GRADCOMP_HOST_DEVICE bool operator()(std::size_t, float g, float e, float& payload, float& e_next) const {
     float const acc = g + e;
-    payload = mean_codec<W>::encode(acc, inverse);  // (a reference into memory on the host: stored, then read back)
-    e_next = mean_codec<W>::residual(acc, payload, ranks);
+    W const wire = mean_codec<W>::encode(acc, inverse);
+    payload = static_cast<float>(wire);  // (exact: the store keeps it)
+    e_next = mean_codec<W>::residual(acc, wire, ranks);
     return !mean_codec<W>::fits(acc, limit);
   }
 };
 
+/// Without: the scaled value alone, which the store rounds as encode() would.
 template <class W>
+struct cast_scale {
+  float inverse, limit;  // 1/n, the admission limit
+  GRADCOMP_HOST_DEVICE bool operator()(std::size_t, float g, float& payload) const {
+    float const acc = g + 0.0f;  // (acc = g + a zero residual: -0 sends +0, as with feedback)
+    payload = acc * inverse;
+    return !mean_codec<W>::fits(acc, limit);
+  }
+};
+
+/// The sum, widened by its stream, is the mean.
 struct cast_decode {
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t, W sum, float& g) const { g = mean_codec<W>::mean(sum); }
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t, float sum, float& g) const { g = sum; }
 };
 
 }  // namespace detail
@@ -111,17 +129,21 @@ struct cast {
   void step(Context& ctx, span<G, typename Context::memory> gradient) const {
     auto const ws = ctx.carve(*this);
     auto const& ef = ctx.error_feedback();
-    float const n = static_cast<float>(ctx.ranks());
-    transform(ctx.space(), gradient.size(), inputs(detail::gradient_stream(gradient), ef.previous()),
-              outputs(ws.payload, ef.next()),
-              detail::cast_encode<W>{detail::mean_codec<W>::inverse(ctx.ranks()), n,
-                                     detail::mean_codec<W>::limit(ctx.ranks())},
-              {.count = ctx.bad_count()});
+    float const inverse = detail::mean_codec<W>::inverse(ctx.ranks()),
+                limit = detail::mean_codec<W>::limit(ctx.ranks());
+    auto const wire = detail::gradient_stream(ws.payload);  // W*, or widened<W> for a 16-bit wire
+    if constexpr (decltype(ef.bind())::keeps_residual)
+      transform(ctx.space(), gradient.size(), inputs(detail::gradient_stream(gradient), ef.previous()),
+                outputs(wire, ef.next()), detail::cast_encode<W>{inverse, static_cast<float>(ctx.ranks()), limit},
+                {.count = ctx.bad_count()});
+    else
+      transform(ctx.space(), gradient.size(), inputs(detail::gradient_stream(gradient)), outputs(wire),
+                detail::cast_scale<W>{inverse, limit}, {.count = ctx.bad_count()});
     ctx.agree_all_finite(detail::mean_codec<W>::out_of_range);
     ctx.aggregate_elementwise(ws.payload, ws.scratch);
     auto const [first, count] = ctx.output_range();
-    transform(ctx.space(), count, inputs(ws.payload.subspan(first, count)),
-              outputs(detail::gradient_stream(gradient.subspan(first, count))), detail::cast_decode<W>{},
+    transform(ctx.space(), count, inputs(detail::gradient_stream(ws.payload, first)),
+              outputs(detail::gradient_stream(gradient.subspan(first, count))), detail::cast_decode{},
               {.when = ctx.output_gate()});
   }
 };

@@ -1,0 +1,116 @@
+// The host code paths that exist only for a vector instruction set, built
+// for x86-64-v3 (AVX2, F16C; the unit tests are built for the baseline ISA),
+// against the portable paths, bit for bit: the runs of 16-bit conversions
+// (detail/convert.hpp) over every half and floats around every rounding
+// boundary, NaN and infinity included; THC's rotation in registers over every
+// block size and stage count. Skipped (77) on a CPU without them.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <gradcomp/compressors/thc/blocks.hpp>
+#include <gradcomp/detail/convert.hpp>
+
+#include <doctest/doctest.h>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+#include <bit>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace {
+
+using gradcomp::bfloat16;
+using gradcomp::half;
+
+std::uint32_t bits_of(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Floats whose low 13 bits sit at, beside and between the rounding points of
+// both 16-bit types, for every sign, exponent and top 10 mantissa bits, plus
+// random ones: the runs start at odd offsets, so the vector loops' tails run.
+std::vector<float> probe_floats() {
+  std::vector<float> out;
+  std::mt19937 rng(7);
+  for (std::uint32_t high = 0; high < (1u << 19); ++high)
+    for (std::uint32_t low :
+         {0x0u, 0x1u, 0xfffu, 0x1000u, 0x1001u, 0x1fffu, static_cast<std::uint32_t>(rng() & 0x1fffu)}) {
+      std::uint32_t const u = (high << 13) | low;
+      float f;
+      std::memcpy(&f, &u, 4);
+      out.push_back(f);
+    }
+  return out;
+}
+
+template <class T>
+void check_narrow(std::vector<float> const& in) {
+  std::vector<T> fast(in.size() + 3), portable(in.size() + 3);
+  for (std::size_t offset : {0u, 3u}) {
+    gradcomp::detail::narrow_run(in.data() + offset, fast.data(), in.size() - offset);
+    for (std::size_t k = 0; k + offset < in.size(); ++k) portable[k] = T(in[k + offset]);
+    REQUIRE(std::memcmp(fast.data(), portable.data(), (in.size() - offset) * sizeof(T)) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("16-bit runs convert bit for bit as the portable conversions") {
+  auto const floats = probe_floats();
+  check_narrow<half>(floats);
+  check_narrow<bfloat16>(floats);
+  std::vector<half> halves(1u << 16);
+  for (std::uint32_t h = 0; h < halves.size(); ++h) halves[h].bits = static_cast<std::uint16_t>(h);
+  std::vector<float> fast(halves.size());
+  gradcomp::detail::widen_run(halves.data() + 1, fast.data(), halves.size() - 1);  // (an odd start)
+  for (std::uint32_t h = 1; h < halves.size(); ++h)
+    REQUIRE(bits_of(fast[h - 1]) == bits_of(static_cast<float>(halves[h])));
+  std::vector<bfloat16> brains(1u << 16);
+  for (std::uint32_t h = 0; h < brains.size(); ++h) brains[h].bits = static_cast<std::uint16_t>(h);
+  gradcomp::detail::widen_run(brains.data(), fast.data(), brains.size());
+  for (std::uint32_t h = 0; h < brains.size(); ++h) REQUIRE(bits_of(fast[h]) == bits_of(static_cast<float>(brains[h])));
+}
+
+TEST_CASE("THC's rotation in registers gives the bits of the butterflies pair by pair") {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  for (std::size_t block = 64; block <= 4096; block *= 2) {
+    int const log2 = std::countr_zero(block);
+    for (int stages = 0; stages <= log2; ++stages) {
+      INFO("block " << block << ", stages " << stages);
+      std::vector<float> x(block);
+      for (auto& v : x) v = normal(rng);
+      std::vector<float> fast = x, pairs = x, pairwise = x;
+      gradcomp::detail::host_rotate(fast.data(), block, stages);
+      gradcomp::detail::host_rotate_pairs(pairs.data(), block, stages);
+      for (int s = 0; s < stages; ++s)
+        for (std::size_t q = 0; q < block / 2; ++q) gradcomp::detail::thc_butterfly(pairwise.data(), q, s);
+      CHECK(std::memcmp(fast.data(), pairwise.data(), block * sizeof(float)) == 0);
+      CHECK(std::memcmp(pairs.data(), pairwise.data(), block * sizeof(float)) == 0);
+    }
+  }
+}
+
+int main(int argc, char** argv) {
+  if (!GRADCOMP_HOST_F16C) {
+    std::puts("isa_test: built without AVX2 and F16C; nothing to compare");
+    return 77;
+  }
+#if defined(__x86_64__)
+  unsigned a, b, c, d;  // CPUID: F16C is leaf 1's ECX bit 29, AVX2 leaf 7's EBX bit 5
+  bool const f16c = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1u);
+  bool const avx2 = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 5 & 1u);
+  if (!f16c || !avx2) {
+    std::puts("isa_test: this CPU has no F16C or AVX2: skipped");
+    return 77;
+  }
+#endif
+  doctest::Context context(argc, argv);
+  return context.run();
+}
