@@ -8,13 +8,13 @@
 // (The paper adds 1e-16 to r against a zero r; that makes the scale depend
 // on the gradients' magnitude: below ||g||^2 = 1e-16 nothing would be sent.
 // gradcomp guards r = 0 alone, where every code is zero anyway.)
-//   1. check pass [reads g, e] (the first step: the norm pass instead);
-//   2. encode pass [reads g, e; writes q, e]: q = round(alpha acc) (stochastic
+//   1. encode pass [reads g, e; writes q, e]: q = round(alpha acc) (stochastic
 //      and unbiased, or to nearest), clamped to [-M/n, (M-1)/n] so the n-rank
-//      sum fits the lane (M = 128 for int8); e = acc - q / alpha.
-//   3. all-reduce(sum) of q in the Lane type.
-//   4. decode pass [reads sums; writes g]: g = sum / (n alpha).
-//   5. r <- beta r + (1 - beta) ||g||^2, from the summed integers in
+//      sum fits the lane (M = 128 for int8); e = acc - q / alpha; it counts
+//      bad values too (the first step: a norm pass counts, then it encodes);
+//   2. all-reduce(sum) of q in the Lane type.
+//   3. decode pass [reads sums; writes g]: g = sum / (n alpha).
+//   4. r <- beta r + (1 - beta) ||g||^2, from the summed integers in
 //      segmented_reduce's canonical order (identical on every rank, so alpha
 //      stays identical: checked bit for bit).
 // The first step has no r yet: it takes the largest ||acc||^2 over the ranks
@@ -81,16 +81,18 @@ struct intsgd_encode {
     b.inverse = float_precision(1.0 / alpha);  // (the residual's product is then exact)
     return b;
   }
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t, float g, float e, float u, Lane& code, float& e_next) const {
+  // True for a bad acc (NaN or infinite): the pass that encodes also counts.
+  GRADCOMP_HOST_DEVICE bool operator()(std::size_t, float g, float e, float u, Lane& code, float& e_next) const {
     float const acc = g + e;
     float const x = clamp_symmetric(finite_or_zero(acc) * alpha, static_cast<float>(p.high));
     std::int32_t const q = signed_stochastic_round(x < static_cast<float>(p.low) ? static_cast<float>(p.low) : x, u);
     code = static_cast<Lane>(q);
     e_next = static_cast<float>(static_cast<double>(acc) - static_cast<double>(q) * inverse);
+    return !is_finite(acc);
   }
   // Deterministic rounding: to nearest (u = 1/2: up when the fraction exceeds it).
-  GRADCOMP_HOST_DEVICE void operator()(std::size_t i, float g, float e, Lane& code, float& e_next) const {
-    (*this)(i, g, e, 0.5f, code, e_next);
+  GRADCOMP_HOST_DEVICE bool operator()(std::size_t i, float g, float e, Lane& code, float& e_next) const {
+    return (*this)(i, g, e, 0.5f, code, e_next);
   }
 };
 
@@ -247,13 +249,25 @@ struct intsgd {
     std::size_t const r_word = first ? detail::intsgd_first : detail::intsgd_r;
     double const* const r = state + r_word;
 
+    // The encode pass: from the committed r, so it counts this rank's bad
+    // values on the way (its codes and residual side are the step's own until
+    // the commit); the first step's waits for r_0, the agreed norm.
+    auto encode = [&](transform_options const& options) {
+      if (stochastic)
+        transform(space, d,
+                  inputs(detail::gradient_stream(gradient), ef.previous(),
+                         rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
+                  outputs(ws.codes, ef.next()), detail::intsgd_encode<Lane>{r, p}, options);
+      else
+        transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.codes, ef.next()),
+                  detail::intsgd_encode<Lane>{r, p}, options);
+    };
     if (first)  // r_0 = ||acc||^2, the largest over the ranks; also counts bad values
       segmented_reduce<reduction::sum_of_squares>(
           space, d, d, inputs(detail::gradient_stream(gradient), ef.previous()), detail::accumulated{},
           detail::store_total_at{state + detail::intsgd_first}, {.scratch = ws.reduce, .count = ctx.bad_count()});
     else
-      transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(),
-                detail::count_nonfinite{}, {.count = ctx.bad_count()});
+      encode({.count = ctx.bad_count()});
     // r beyond the carried range: counted on every rank (the first step's
     // local norm is beyond it exactly when the agreed largest one is).
     transform(space, 1, inputs(span<double const, typename Context::memory>(ws.state.subspan(r_word, 1))), outputs(),
@@ -261,16 +275,10 @@ struct intsgd {
     ctx.agree_all_finite(
         "NaN or infinite, or left IntSGD's running norm beyond the carried range (M / (n alpha) above 1.7e38; "
         "counted once per rank)");
-    if (first) ctx.all_reduce(ws.state.subspan(detail::intsgd_first, 1), reduce_op::max);
-
-    if (stochastic)
-      transform(space, d,
-                inputs(detail::gradient_stream(gradient), ef.previous(),
-                       rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
-                outputs(ws.codes, ef.next()), detail::intsgd_encode<Lane>{r, p});
-    else
-      transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.codes, ef.next()),
-                detail::intsgd_encode<Lane>{r, p});
+    if (first) {
+      ctx.all_reduce(ws.state.subspan(detail::intsgd_first, 1), reduce_op::max);
+      encode({});
+    }
     ctx.aggregate(ws.codes, ws.scratch);
     transform(space, d, inputs(ws.codes), outputs(detail::gradient_stream(gradient)), detail::intsgd_decode<Lane>{r, p},
               {.when = ctx.output_gate()});
