@@ -76,10 +76,18 @@ TEST_CASE_TEMPLATE_DEFINE("top_k equals a brute-force sort, ties to the lower in
   using namespace gradcomp::testing;
   std::mt19937 rng(std::random_device{}());
   for (std::size_t n : {std::size_t{1}, std::size_t{100}, std::size_t{5000}, std::size_t{300001}}) {
-    for (std::uint32_t range : {4u, 1000u, 0xffffffffu}) {  // few distinct keys: many ties
+    // Few distinct keys (many ties), any keys, and gradient magnitudes (the
+    // float bits of |normal| values, some repeated: ties near the threshold).
+    for (std::uint32_t range : {4u, 1000u, 0xffffffffu, 0u}) {
       std::vector<std::uint32_t> keys(n);
-      for (auto& k : keys) k = range == 0xffffffffu ? rng() : rng() % range * 65599u;
-      for (std::size_t count : {std::size_t{0}, std::size_t{1}, n / 3, n - n / 100, n}) {
+      std::normal_distribution<float> normal;
+      for (auto& k : keys)
+        k = range == 0xffffffffu ? rng()
+            : range == 0         ? gradcomp::detail::float_bits(std::fabs(normal(rng)))
+                                 : rng() % range * 65599u;
+      if (range == 0)
+        for (std::size_t i = 7; i < n; i += 11) keys[i] = keys[i - 7];
+      for (std::size_t count : {std::size_t{0}, std::size_t{1}, n / 100, n / 20, n / 3, n - n / 100, n}) {
         INFO("n " << n << ", range " << range << ", count " << count);
         CHECK(select_in(Space{}, keys, count) == reference_top(keys, count));
       }

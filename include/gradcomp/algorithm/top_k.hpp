@@ -7,9 +7,16 @@
 //
 // calls emit(i, r) for each selected i, r = 0, 1, ... in increasing i.
 //
-// Host: MSD radix select (rounds of 16-bit digits for large n, 8-bit for
-// small) finds the threshold key; one pass counts per thread what is above
-// and equal to it, one emits. CUDA (top_k.cuh): three histogram rounds
+// Host: two passes over the keys. The first counts, per thread, the keys of
+// each value of their top 11 bits (histograms small enough for L1), which
+// names the bin holding the count-th largest key; the second copies out the
+// indices above that bin and the bin's keys (the candidates), both in index
+// order at offsets the histograms give. The threshold is then found among
+// the candidates alone, and the two lists merge into the emission. Where the
+// lists would not fit the scratch (a bin of many equal keys, count a large
+// part of n), an MSD radix select over all keys (16-bit digits for large n,
+// 8-bit for small) finds the threshold, and one pass counts and one emits.
+// CUDA (top_k.cuh): three histogram rounds
 // (11, 11, 10 bits) find the threshold on the device, then an index-ordered
 // compaction (per-tile counts, a scan, an emit pass); nothing is sorted and
 // the host never looks at a count.
@@ -33,6 +40,13 @@ namespace detail {
 
 /// Host histogram bins of one radix round for n keys.
 inline std::size_t host_select_bins(std::size_t n) { return n >= (std::size_t{1} << 20) ? 1u << 16 : 1u << 8; }
+
+/// The two-pass host selection: its histograms (of the top 11 bits, in
+/// four interleaved copies so that equal neighbours do not wait on one
+/// counter) and the room for its lists, in entries.
+inline constexpr int pass_select_shift = 21, pass_select_copies = 4;
+inline constexpr std::size_t pass_select_bins = std::size_t{1} << (32 - pass_select_shift);
+inline std::size_t pass_select_room(std::size_t n) { return n / 16 + 1024; }
 
 /// The device selection's pieces of scratch.
 template <class Memory>
@@ -95,16 +109,140 @@ struct cuda_top_k {
                 "gradcomp's CUDA top_k is compiled by nvcc: include <gradcomp/cuda.cuh> from a .cu file");
 };
 
+/// The two-pass host selection (see the top of this header) with `threads`
+/// threads and scratch of top_k_scratch_bytes; false, having emitted
+/// nothing, where its lists would not fit.
+template <class Key, class Emit>
+bool two_pass_select(int threads, std::size_t n, std::size_t count, Key const& key, Emit const& emit,
+                     std::uint32_t* scratch) {
+  constexpr std::size_t bins = pass_select_bins, per_thread = bins * pass_select_copies + 4;
+  constexpr int shift = pass_select_shift;
+  std::size_t const room = pass_select_room(n);
+  std::uint32_t* const above = scratch + per_thread * static_cast<std::size_t>(threads);  // indices above the bin
+  std::uint32_t* const cand_index = above + room;  // the bin's keys: where, and what
+  std::uint32_t* const cand_key = cand_index + room;
+  bool fits = true;
+  std::uint32_t bin = 0;    // the bin holding the count-th largest key
+  std::uint32_t least = 0;  // the count-th largest key
+  GRADCOMP_OMP(parallel num_threads(threads)) {
+#if GRADCOMP_HAS_OPENMP
+    std::size_t const t = static_cast<std::size_t>(omp_get_thread_num()),
+                      team = static_cast<std::size_t>(omp_get_num_threads());
+#else
+    std::size_t const t = 0, team = 1;
+#endif
+    std::size_t const lo = n * t / team, hi = n * (t + 1) / team;
+    std::uint32_t* const h = scratch + per_thread * t;           // this thread's copies; then its totals, and 4 words:
+    std::uint32_t* const words = h + bins * pass_select_copies;  // above, candidates, chosen, ties to take
+    std::fill(h, h + bins * pass_select_copies, 0u);
+    std::size_t i = lo;
+    for (; i + 4 <= hi; i += 4) {
+      ++h[key(i) >> shift];
+      ++h[bins + (key(i + 1) >> shift)];
+      ++h[2 * bins + (key(i + 2) >> shift)];
+      ++h[3 * bins + (key(i + 3) >> shift)];
+    }
+    for (; i < hi; ++i) ++h[key(i) >> shift];
+    for (std::size_t b = 0; b < bins; ++b) h[b] += h[bins + b] + h[2 * bins + b] + h[3 * bins + b];
+    GRADCOMP_OMP(barrier)
+    GRADCOMP_OMP(single) {  // the bin, and whether the lists fit
+      std::size_t covered = 0, in_bin = 0;
+      for (std::size_t b = bins; b-- > 0;) {
+        in_bin = 0;
+        for (std::size_t u = 0; u < team; ++u) in_bin += scratch[per_thread * u + b];
+        if (covered + in_bin >= count) {
+          bin = static_cast<std::uint32_t>(b);
+          break;
+        }
+        covered += in_bin;
+      }
+      fits = covered <= room && in_bin <= room;
+    }
+    if (fits) {
+      std::size_t mine = 0;
+      for (std::size_t b = bin + 1; b < bins; ++b) mine += h[b];
+      words[0] = static_cast<std::uint32_t>(mine);
+      words[1] = h[bin];
+      GRADCOMP_OMP(barrier)
+      std::size_t next_above = 0, next_cand = 0;
+      for (std::size_t u = 0; u < t; ++u) {
+        next_above += scratch[per_thread * u + bins * pass_select_copies];
+        next_cand += scratch[per_thread * u + bins * pass_select_copies + 1];
+      }
+      std::size_t const first_above = next_above, first_cand = next_cand;
+      for (i = lo; i < hi; ++i) {
+        std::uint32_t const k = key(i), b = k >> shift;
+        if (b > bin) above[next_above++] = static_cast<std::uint32_t>(i);
+        if (b == bin) {
+          cand_index[next_cand] = static_cast<std::uint32_t>(i);
+          cand_key[next_cand++] = k;
+        }
+      }
+      GRADCOMP_OMP(barrier)
+      GRADCOMP_OMP(single) {  // the threshold among the candidates, and each thread's share of them
+        std::size_t above_all = 0, cands = 0;
+        for (std::size_t u = 0; u < team; ++u) {
+          above_all += scratch[per_thread * u + bins * pass_select_copies];
+          cands += scratch[per_thread * u + bins * pass_select_copies + 1];
+        }
+        std::size_t const need = count - above_all;
+        std::uint32_t* const sorted = cand_key + room;
+        std::copy(cand_key, cand_key + cands, sorted);
+        std::nth_element(sorted, sorted + (need - 1), sorted + cands,
+                         [](std::uint32_t a, std::uint32_t b) { return a > b; });
+        least = sorted[need - 1];
+        std::size_t ties = need, c = 0;  // keys above `least` first; ties then go to the lowest indices
+        for (std::size_t k = 0; k < cands; ++k) ties -= cand_key[k] > least;
+        for (std::size_t u = 0; u < team; ++u) {
+          std::uint32_t* const w = scratch + per_thread * u + bins * pass_select_copies;
+          std::size_t chosen = 0, taken = 0;
+          for (std::size_t end = c + w[1]; c < end; ++c) {
+            bool const tie = cand_key[c] == least && taken < ties;
+            taken += tie;
+            chosen += cand_key[c] > least || tie;
+          }
+          ties -= taken;
+          w[2] = static_cast<std::uint32_t>(chosen);
+          w[3] = static_cast<std::uint32_t>(taken);
+        }
+      }
+      std::size_t rank = 0;
+      for (std::size_t u = 0; u < t; ++u)
+        rank += scratch[per_thread * u + bins * pass_select_copies] +
+                scratch[per_thread * u + bins * pass_select_copies + 2];
+      std::size_t a = first_above, c = first_cand, ties_left = words[3];
+      std::size_t const a_end = first_above + words[0], c_end = first_cand + words[1];
+      while (a < a_end || c < c_end) {  // the two runs, merged in index order
+        if (c < c_end && (a == a_end || cand_index[c] < above[a])) {
+          std::uint32_t const k = cand_key[c];
+          if (k > least || (k == least && ties_left > 0)) {
+            ties_left -= k == least;
+            emit(cand_index[c], rank++);
+          }
+          ++c;
+        } else {
+          emit(above[a++], rank++);
+        }
+      }
+    }
+  }
+  return fits;
+}
+
 }  // namespace detail
 
 /// Bytes of scratch top_k needs for n keys in memory of kind Memory.
 template <class Memory>
 std::size_t top_k_scratch_bytes(std::size_t n) {
   workspace_carver<Memory> measure;
-  if constexpr (std::is_same_v<Memory, host_memory>)
-    measure.template take<std::uint32_t>(
-        detail::checked_mul(detail::host_select_bins(n), static_cast<std::size_t>(host_thread_capacity()), "top_k"));
-  else
+  if constexpr (std::is_same_v<Memory, host_memory>) {
+    std::size_t const threads = static_cast<std::size_t>(host_thread_capacity());
+    std::size_t const radix = detail::checked_mul(detail::host_select_bins(n), threads, "top_k");
+    std::size_t const passes = detail::checked_add(
+        detail::checked_mul(detail::pass_select_bins * detail::pass_select_copies + 4, threads, "top_k"),
+        detail::checked_mul(detail::pass_select_room(n), 4, "top_k"), "top_k");
+    measure.template take<std::uint32_t>(std::max(radix, passes));
+  } else
     detail::carve_device_select(measure, n);
   return measure.bytes();
 }
@@ -124,6 +262,7 @@ void top_k(host_space const& space, std::size_t n, std::size_t count, Key const&
   auto* histograms = reinterpret_cast<std::uint32_t*>(scratch.data());
   int const capacity = static_cast<int>(scratch.size() / (bins * sizeof(std::uint32_t)));
   int const threads = std::max(1, std::min(space.threads_for(n), capacity));
+  if (detail::two_pass_select(std::min(threads, host_thread_capacity()), n, count, key, emit, histograms)) return;
   // Find the count-th largest key digit by digit: 16-bit digits for large n,
   // 8-bit ones for small n, where zeroing and scanning 2^16 bins would cost
   // more than the extra rounds.
