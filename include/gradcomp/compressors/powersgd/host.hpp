@@ -1,7 +1,8 @@
 // PowerSGD's host products and orthogonalization: OpenMP loops.
 //
 // The two products are skinny (r is small): they read M once and are bound
-// by memory, not arithmetic. On the host they are OpenMP loops sharing the
+// by memory, not arithmetic, so the first is taken in the pass that writes
+// M = g + e (accumulate_multiply). On the host they are OpenMP loops sharing the
 // threads of the other passes (a BLAS library's own thread pool fights them
 // for the cores, and OpenBLAS's GEMM is slow at r = 1: measured); on the GPU,
 // cuBLAS (powersgd.cuh).
@@ -11,6 +12,7 @@
 #include <gradcomp/execution.hpp>
 
 #include <cstddef>
+#include <cstdint>
 
 #if GRADCOMP_HAS_OPENMP
 #include <omp.h>
@@ -47,15 +49,34 @@ void gram_schmidt(host_space const&, Resources&, float* a, std::size_t length, s
   }
 }
 
-/// P = M Q, with Q stored transposed (q_t: rank x cols): one dot product of
-/// a row of M with each row of q_t.
-template <class Resources>
-void multiply_mq(host_space const& space, Resources&, float const* m, float const* q_t, float* p, std::size_t rows,
-                 std::size_t cols, std::size_t rank) {
+/// acc = g + e over one matrix's rows (a value beyond `limit` is bad, and
+/// counted) and, from each row just written (still in cache), its dot
+/// products with the rows of q_t: P = M Q in the same pass over the matrix,
+/// where the CUDA path makes two. Q is stored transposed (q_t: rank x cols).
+/// Returns the number of bad values.
+template <class EF, class G>
+std::uint64_t accumulate_multiply(host_space const& space, G const* gradient, EF const& ef, float* acc,
+                                  float const* q_t, float* p, std::size_t offset, std::size_t rows, std::size_t cols,
+                                  std::size_t rank, float limit) {
   [[maybe_unused]] int const threads = space.threads_for(rows * cols);
-  GRADCOMP_OMP(parallel for schedule(static) num_threads(threads))
+  std::uint64_t bad = 0;
+  GRADCOMP_OMP(parallel for schedule(static) num_threads(threads) reduction(+ : bad))
   for (std::size_t i = 0; i < rows; ++i) {
-    float const* row = m + i * cols;
+    auto const e = ef.bind();  // a local copy: its pointers stay in registers
+    std::size_t const first = offset + i * cols;
+    float* __restrict row = acc + first;
+    G const* __restrict g = gradient + first;
+    std::uint64_t bad_here = 0;
+    for (std::size_t c = 0; c < cols; ++c) {
+      float a;
+      if constexpr (decltype(e)::keeps_residual)
+        a = static_cast<float>(g[c]) + e.previous[first + c];
+      else
+        a = static_cast<float>(g[c]) + 0.0f;  // (as a zero residual adds: -0 becomes +0)
+      row[c] = a;
+      bad_here += within(a, limit) ? 0u : 1u;
+    }
+    bad += bad_here;
     for (std::size_t k = 0; k < rank; ++k) {
       float const* q = q_t + k * cols;
       float dot = 0.0f;
@@ -64,6 +85,7 @@ void multiply_mq(host_space const& space, Resources&, float const* m, float cons
       p[i * rank + k] = dot;
     }
   }
+  return bad;
 }
 
 /// Q^T = P^T M (q_t: rank x cols): each thread owns a slice of the columns

@@ -6,9 +6,10 @@
 // compressed when (n + m) r' * min_compression_rate < n m. The others (biases,
 // norms, small matrices) travel uncompressed, as means, with the first
 // all-reduce. Per step, with M = g + e:
-//   1. acc pass: acc = g + e into the workspace [reads g, e; writes acc];
-//   2. Q (kept from the last step, or drawn from a stream all ranks share)
-//      is copied and orthogonalized; P = M Q                 [reads M];
+//   1. Q (kept from the last step, or drawn from a stream all ranks share)
+//      is copied and orthogonalized;
+//   2. acc pass: acc = g + e into the workspace, P = M Q [reads g, e; writes
+//      acc] (on the GPU, P = M Q by cuBLAS afterwards [reads M]);
 //   3. all-reduce(sum) of every P and the uncompressed tensors, one message;
 //   4. P is orthogonalized (Gram-Schmidt, norms in double); Q = M^T P
 //      [reads M];
@@ -261,26 +262,46 @@ struct powersgd {
     float const n = static_cast<float>(ctx.ranks());
     std::size_t const d = gradient.size();
 
-    transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.acc),
-              detail::psgd_accumulate{range(ctx.layout())}, {.count = ctx.bad_count()});
-    ctx.agree_all_finite("NaN, infinite or beyond PowerSGD's range (max(float) / (8 x the longest matrix side))");
+    // Q first: it depends on the kept state alone, so the pass that forms
+    // M = g + e can multiply by it.
     if (ctx.step() == 0 || !warm_start)  // the same Q on every rank
       transform(space, ws.q_work.size(), inputs(), outputs(ws.q_work),
                 detail::psgd_normal_fill{ctx.random(seed, random_purpose::projection, random_stream::shared)});
     else
       transform(space, ws.q_work.size(), inputs(ws.q_state), outputs(ws.q_work), detail::psgd_copy{});
-
-    // P = M Q per matrix; the plain tensors join the first message.
     for_each_part(ctx.layout(), [&](detail::psgd_tensor const& t) {
-      if (t.rank == 0) {
+      if (t.rank > 0)  // Q's columns are q_t's rows
+        detail::gram_schmidt(space, resources, ws.q_work.data() + t.q_offset, t.cols, t.rank, 1, t.cols,
+                             orthogonalization_epsilon);
+    });
+
+    // M = g + e, counting bad values; P = M Q per matrix: on the host in the
+    // same pass (its rows still in cache), on the GPU by cuBLAS after it.
+    float const limit = range(ctx.layout());
+    if constexpr (std::is_same_v<typename Context::memory, host_memory>) {
+      for_each_part(ctx.layout(), [&](detail::psgd_tensor const& t) {
+        if (t.rank == 0)
+          transform(space, t.rows * t.cols, inputs(detail::gradient_stream(gradient, t.offset), ef.previous(t.offset)),
+                    outputs(ws.acc.data() + t.offset), detail::psgd_accumulate{limit}, {.count = ctx.bad_count()});
+        else
+          *ctx.bad_count() +=
+              detail::accumulate_multiply(space, gradient.data(), ef, ws.acc.data(), ws.q_work.data() + t.q_offset,
+                                          ws.p.data() + t.p_offset, t.offset, t.rows, t.cols, t.rank, limit);
+      });
+    } else {
+      transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.acc),
+                detail::psgd_accumulate{limit}, {.count = ctx.bad_count()});
+    }
+    ctx.agree_all_finite("NaN, infinite or beyond PowerSGD's range (max(float) / (8 x the longest matrix side))");
+    for_each_part(ctx.layout(), [&](detail::psgd_tensor const& t) {
+      if (t.rank == 0)  // the plain tensors join the first message
         transform(space, t.rows * t.cols, inputs(ws.acc.data() + t.offset),
                   outputs(ws.p_wire.data() + ws.p.size() + t.plain_offset), detail::psgd_pack_plain<Wire>{1.0f / n});
-        return;
-      }
-      float* q_t = ws.q_work.data() + t.q_offset;  // Q's columns are q_t's rows
-      detail::gram_schmidt(space, resources, q_t, t.cols, t.rank, 1, t.cols, orthogonalization_epsilon);
-      detail::multiply_mq(space, resources, ws.acc.data() + t.offset, q_t, ws.p.data() + t.p_offset, t.rows, t.cols,
-                          t.rank);
+#if GRADCOMP_HAS_CUDA
+      else if constexpr (!std::is_same_v<typename Context::memory, host_memory>)
+        detail::multiply_mq(space, resources, ws.acc.data() + t.offset, ws.q_work.data() + t.q_offset,
+                            ws.p.data() + t.p_offset, t.rows, t.cols, t.rank);
+#endif
     });
     transform(space, ws.p.size(), inputs(ws.p), outputs(ws.p_wire), detail::psgd_to_wire<Wire>{});
     ctx.aggregate(ws.p_wire, ws.scratch);
