@@ -98,11 +98,16 @@ discard_cursor<T> host_output(discard<T>, std::size_t) {
 }
 
 // Outputs go straight to memory, except 16-bit ones: the chunk's floats are
-// staged, then narrowed (flush) once the chunk's elements are done.
+// staged, then narrowed (flush) once the chunk's elements are done. A
+// discarded float output (no error feedback's residual) is staged too, and
+// dropped: a pointer like the others, so the element loop keeps every cursor
+// in a register.
 template <class S>
 inline constexpr bool is_widened = false;
 template <class T>
 inline constexpr bool is_widened<widened<T>> = true;
+template <class S>
+inline constexpr bool is_staged = is_widened<S> || std::is_same_v<S, discard<float>>;
 
 template <class S>
 auto host_output(S s, std::size_t begin, float*) {
@@ -112,6 +117,7 @@ template <class T>
 float* host_output(widened<T>, std::size_t, float* staging) {
   return staging;
 }
+inline float* host_output(discard<float>, std::size_t, float* staging) { return staging; }
 template <class S>
 void host_flush(S, std::size_t, std::size_t, float const*) {}
 template <class T>
@@ -129,8 +135,13 @@ constexpr bool vectorizes() {
 }
 
 template <class Declared, class Op, class In, class Out, std::size_t... I, std::size_t... O>
-std::uint64_t host_chunk_run(Op const& op, In const& in, Out& out, std::size_t begin, std::size_t len,
+std::uint64_t host_chunk_run(Op const& op, In const& inputs, Out const& outputs, std::size_t begin, std::size_t len,
                              std::index_sequence<I...>, std::index_sequence<O...>) {
+  // The cursors (pointers) copied here: the loop then keeps them in
+  // registers, where through references GCC reloads them at every element
+  // once an output has an input's element type (and gathers and scatters).
+  auto const in = make_pack(get<I>(inputs)...);
+  auto out = make_pack(get<O>(outputs)...);
   if constexpr (!vectorizes<Declared>()) {  // the compiler decides
     std::uint64_t bad = 0;
     for (std::size_t k = 0; k < len; ++k) {
@@ -183,12 +194,12 @@ void host_transform(host_space const& space, std::size_t n, pack<I...> const& in
     [[maybe_unused]] alignas(
         64) float uniforms[host_chunk];  // noise streams' chunk (each stream its own would need more; one suffices)
     [[maybe_unused]] alignas(64) float widened_in[(is_widened<I> || ...) ? sizeof...(I) : 1][host_chunk];
-    [[maybe_unused]] alignas(64) float staging[(is_widened<O> || ...) ? sizeof...(O) : 1][host_chunk];
+    [[maybe_unused]] alignas(64) float staging[(is_staged<O> || ...) ? sizeof...(O) : 1][host_chunk];
     auto const cin = make_pack(host_input(get<Is>(rin), begin, len,
                                           is_widened<I> ? widened_in[(is_widened<I> || ...) ? Is : 0] : uniforms)...);
-    auto cout = make_pack(host_output(get<Os>(rout), begin, staging[(is_widened<O> || ...) ? Os : 0])...);
+    auto const cout = make_pack(host_output(get<Os>(rout), begin, staging[(is_staged<O> || ...) ? Os : 0])...);
     bad += host_chunk_run<Op>(bind_op(op), cin, cout, begin, len, is, os);
-    (host_flush(get<Os>(rout), begin, len, staging[(is_widened<O> || ...) ? Os : 0]), ...);
+    (host_flush(get<Os>(rout), begin, len, staging[(is_staged<O> || ...) ? Os : 0]), ...);
   }
   if (options.count != nullptr) *options.count += bad;
 }
