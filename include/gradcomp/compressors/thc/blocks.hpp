@@ -160,23 +160,18 @@ inline thc_v8 thc_load8(float const* p) {
 inline void thc_store8(float* p, thc_v8 v) { __builtin_memcpy(p, &v, sizeof v); }
 
 /// Stage S (pairs 1, 2 or 4 lanes apart) within a register: the lower lane
-/// of a pair gets a + b, the upper a - b.
+/// of a pair gets a + b, the upper a - b. With p the register's pairs
+/// swapped, that is x * (+-1) + p: the product by +-1 is exact, so one
+/// rounding whether or not the compiler fuses it, the bits of a + b and of
+/// b' - a' (one permute and one multiply-add where a blend form needs four).
 template <int S>
 inline thc_v8 thc_stage_within(thc_v8 x) {
-  thc_v8 p;
   if constexpr (S == 0)
-    p = __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6);
+    return x * thc_v8{1, -1, 1, -1, 1, -1, 1, -1} + __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6);
   else if constexpr (S == 1)
-    p = __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5);
+    return x * thc_v8{1, 1, -1, -1, 1, 1, -1, -1} + __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5);
   else
-    p = __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3);
-  thc_v8 const sum = x + p, diff = p - x;
-  if constexpr (S == 0)
-    return __builtin_shufflevector(sum, diff, 0, 9, 2, 11, 4, 13, 6, 15);
-  else if constexpr (S == 1)
-    return __builtin_shufflevector(sum, diff, 0, 1, 10, 11, 4, 5, 14, 15);
-  else
-    return __builtin_shufflevector(sum, diff, 0, 1, 2, 3, 12, 13, 14, 15);
+    return x * thc_v8{1, 1, 1, 1, -1, -1, -1, -1} + __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3);
 }
 
 /// Count stages (up to 3) across registers r[0, N) held in registers, pairs
