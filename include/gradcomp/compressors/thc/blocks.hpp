@@ -357,7 +357,9 @@ struct thc_decode {
     G* __restrict out = gradient + first;
     float const* __restrict x = buffer;
     float const* __restrict sign = signs;
-    for (std::size_t t = 0; t < p.block && first + t < p.n; ++t) out[t] = G(thc_restore(x[t], backward, sign[t]));
+    std::size_t const inside =
+        first + p.block <= p.n ? p.block : (first < p.n ? p.n - first : 0);  // (a count: it vectorizes)
+    for (std::size_t t = 0; t < inside; ++t) out[t] = G(thc_restore(x[t], backward, sign[t]));
   }
   GRADCOMP_HOST_DEVICE void dequantize(float* buffer, std::size_t first, std::size_t t) const {
     buffer[t] = fused(static_cast<float>(summed[first + t]), p.sum_step, -p.codec.clamp);
