@@ -77,7 +77,8 @@ std::string compressor_flags() {
     return "  " + left + right + "\n";
   };
   std::string out =
-      row("--compressor SPEC", "NAME or NAME:key=value,... (bf16): " + gradcomp::compressor_spec::names());
+      row("--compressor SPEC", "NAME or NAME:key=value,... (bf16): " + gradcomp::compressor_spec::names()) +
+      row("", "or auto, auto:of=SPEC+SPEC+...: the planner chooses per bucket (bf16+topkc+powersgd)");
   auto takers = [](std::string_view key) {
     std::string who;
     gradcomp::for_each_registered([&]<class C>(std::type_identity<C>) {
@@ -248,9 +249,18 @@ cli parse(int argc, char** argv) {
       usage("unknown flag " + flag);
   }
   try {
-    gradcomp::compressor_spec spec = c.o.spec();
-    for (auto const& [key, value] : spec_flags) spec.set(key, value);
-    c.o.compressor = spec.str();
+    if (c.o.automatic()) {  // the planner chooses among these at the start (flat host reductions only)
+      (void)gradcomp::auto_candidates(c.o.compressor);
+      if (!spec_flags.empty()) usage("--compressor auto takes its candidates' parameters in its spec");
+      if (c.o.ranks_per_node > 0 || c.o.shard_optimizer || c.backend == "nccl")
+        usage(
+            "--compressor auto plans flat all-reduces on the host: not with --ranks-per-node, --shard-optimizer "
+            "or --backend nccl");
+    } else {
+      gradcomp::compressor_spec spec = c.o.spec();
+      for (auto const& [key, value] : spec_flags) spec.set(key, value);
+      c.o.compressor = spec.str();
+    }
   } catch (gradcomp::invalid_argument const& e) {
     usage(e.what());
   }
@@ -281,8 +291,7 @@ constexpr char const* divergence_hint =
 
 // Prints the evaluations and the summary; false when the run diverged.
 bool report(cli const& c, int ranks, train::result const& r) {
-  gradcomp::compressor_spec const spec = c.o.spec();
-  std::string const name = spec.str();
+  std::string const name = c.o.automatic() ? c.o.compressor : c.o.spec().str();
   std::printf("%8s %7s %9s %11s %9s %10s %14s %8s %9s\n", "step", "epoch", "wall_s", "compress_s", "comm_s",
               "exposed_s", "wire_bytes", "loss", "test_acc");
   for (auto const& e : r.records)

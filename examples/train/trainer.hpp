@@ -55,10 +55,11 @@ struct options {
   std::size_t max_steps = 0;                     ///< Stop after this many steps (0: no limit).
   bool check_replicas = false;  ///< After each step, ranks compare their weights (throws if they differ).
 
-  /// How the model's buckets are made and reduced.
+  /// How the model's buckets are made and reduced (an automatic spec's
+  /// buckets take bf16 until the planner chooses: host_reducer).
   gradcomp::model_reducer_options reducer_options() const {
     gradcomp::model_reducer_options r;
-    r.compressor = spec();
+    r.compressor = automatic() ? gradcomp::compressor_spec{} : spec();
     r.min_compression_elements = min_compression;
     r.bucket_cap_bytes = bucket_kb << 10;
     r.first_bucket_cap_bytes = bucket_kb << 10;
@@ -70,6 +71,8 @@ struct options {
 
   /// The compressor these options name (throws invalid_argument for a spec it cannot read).
   gradcomp::compressor_spec spec() const { return gradcomp::compressor_spec::parse(compressor); }
+  /// Whether the planner chooses each bucket's compressor ("auto", "auto:of=...").
+  bool automatic() const { return gradcomp::is_auto_spec(compressor); }
 };
 
 /// One evaluation, as rank 0 saw it.
@@ -164,6 +167,11 @@ class host_reducer : public reducer {
     if (o.ranks_per_node > 0) {                    // two levels: nodes of ranks_per_node ranks, rails across them
       nodes_ = std::make_unique<two_levels<Collective>>(comm, o.ranks_per_node);
       reduce_ = std::make_unique<model_reducer>(shapes(layout), nodes_->groups, o.reducer_options(), one);
+    } else if (o.automatic()) {  // the planner chooses each large bucket's compressor, over the real world
+      auto [chosen, plan] = gradcomp::choose_compressors<G>(comm, shapes(layout), o.reducer_options(), one,
+                                                            {.candidates = gradcomp::auto_candidates(o.compressor)});
+      if (comm.rank() == 0) std::printf("%s", plan.table().c_str());
+      reduce_ = std::make_unique<model_reducer>(shapes(layout), timed_, chosen, one);
     } else {
       reduce_ = std::make_unique<model_reducer>(shapes(layout), timed_, o.reducer_options(), one);
     }

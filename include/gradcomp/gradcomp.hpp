@@ -27,6 +27,7 @@
 
 // Collectives
 #include <gradcomp/collectives/collective.hpp>
+#include <gradcomp/collectives/dry_run.hpp>
 #include <gradcomp/collectives/local_group.hpp>
 #include <gradcomp/collectives/single_rank.hpp>
 
@@ -50,3 +51,7 @@
 #include <gradcomp/reducers/hierarchical_reduce_scatterer.hpp>
 #include <gradcomp/reducers/model_reducer.hpp>
 #include <gradcomp/reducers/reduce_scatterer.hpp>
+
+// The planner: whether, and with which compressor, compression pays here
+#include <gradcomp/planning/network.hpp>
+#include <gradcomp/planning/planner.hpp>

@@ -225,13 +225,14 @@ class model_reducer {
     std::size_t const buckets = plan_.buckets.size();
     storage_ = buffer<Gradient, Space>(plan_.total, space_);
     space_.fill_zero(storage_.data(), plan_.total * sizeof(Gradient));
+    std::size_t compressed = 0;
     for (std::size_t b = 0; b < buckets; ++b) {
       bucket_layout layout;
       for (std::size_t p : plan_.buckets[b].params) layout.add(shapes[p]);
       allreducer_options o = options_.reduce;
       o.bucket = b;
       reducers_.push_back(
-          make(plan_.buckets[b].compressed ? options_.compressor : options_.small, std::move(layout), o));
+          make(plan_.buckets[b].compressed ? compressor_of(compressed++) : options_.small, std::move(layout), o));
     }
     // What a step keeps, sized once: steps allocate nothing.
     marked_.resize(plan_.params.size());
@@ -247,14 +248,24 @@ class model_reducer {
   // One agreement on the whole plan before any bucket's own: a rank whose
   // model has another number of tensors or buckets would otherwise wait in a
   // bucket's construction that its peers never start.
-  void agree_on_plan(std::vector<shape> const& shapes, std::string const& failure) {
-    std::uint64_t const h =
-        detail::hash_combine(plan_fingerprint(plan_, shapes, sizeof(Gradient)),
-                             detail::hash(options_.compressor.str(), detail::hash(options_.small.str())));
+  void agree_on_plan(std::vector<shape> const& shapes, std::string& failure) {
+    std::uint64_t h = detail::hash_combine(plan_fingerprint(plan_, shapes, sizeof(Gradient)),
+                                           detail::hash(options_.compressor.str(), detail::hash(options_.small.str())));
+    std::size_t compressed = 0;
+    for (auto const& b : plan_.buckets) compressed += b.compressed ? 1 : 0;
+    for (auto const& c : options_.compressors) h = detail::hash(c.str(), h);
+    if (failure.empty() && !options_.compressors.empty() && options_.compressors.size() != compressed)
+      failure = "model_reducer: " + std::to_string(options_.compressors.size()) + " compressors given for " +
+                std::to_string(compressed) + " compressed buckets";
     agreement const all = agree(shapes.size(), h, failure);
     expect_none_failed(all, failure, "model_reducer", "this model or these options");
     expect_same(all, "model_reducer", "the model", "tensors",
                 "model differs from rank 0's (tensor shapes, gradient type, compressors or bucket rules)");
+  }
+
+  // The compressor of the k-th compressed bucket.
+  compressor_spec const& compressor_of(std::size_t k) const {
+    return options_.compressors.empty() ? options_.compressor : options_.compressors[k];
   }
 
   // One agreement over the world: flat, or over the node groups.

@@ -7,6 +7,7 @@
 #include <gradcomp/reducers/options.hpp>
 
 #include <cstddef>
+#include <vector>
 
 namespace gradcomp::inline GRADCOMP_ABI {
 
@@ -15,6 +16,10 @@ namespace gradcomp::inline GRADCOMP_ABI {
 struct model_reducer_options : bucket_rules {
   /// The compressor of large buckets of matrices.
   compressor_spec compressor{};
+  /// Where not empty, the compressor of each large bucket of matrices, in
+  /// the order plan_buckets gives them (the planner's choices:
+  /// choose_compressors), instead of `compressor`.
+  std::vector<compressor_spec> compressors{};
   /// The compressor of small buckets and of 1-D tensors (bf16, no error
   /// feedback: PyTorch's min_compression_rate, CGX's layer_min_size).
   compressor_spec small{};

@@ -1,0 +1,284 @@
+// The planner: does compression pay on this network, and with which
+// compressor, bucket by bucket? It predicts the time of one step of each
+// candidate on each of the user's buckets, before training:
+//
+//   predicted = local work + the step's collective calls on the network
+//
+// - local work: the candidate's own step (any_allreducer) run on scratch
+//   copies of the real bucket layouts, in the same space, over a dry_run
+//   collective of the real group's size (every call keeps this rank's data:
+//   the step runs whole, nothing waits for a peer), warm, the median of a
+//   few timed steps, the slowest rank's;
+// - the calls: those the dry run recorded (so the agreement's 8 bytes, THC's
+//   norms, PowerSGD's two messages, classic TopK's all-gather that grows with
+//   n are all there), each priced by the line measure_network fit through
+//   the backend's own calls of that operation and type.
+//
+// It predicts step time, not convergence: a compressor that needs more steps
+// to reach a target is only ranked by time to target when given its steps
+// factor (planner_options::steps_factor, e.g. from the time-to-accuracy
+// harness). Local work and communication are added, not overlapped: a
+// bucket's step runs its passes and its collectives one after the other.
+#pragma once
+
+#include <gradcomp/collectives/dry_run.hpp>
+#include <gradcomp/compressors/registry.hpp>
+#include <gradcomp/error.hpp>
+#include <gradcomp/planning/network.hpp>
+#include <gradcomp/reducers/any_allreducer.hpp>
+#include <gradcomp/reducers/bucket_plan.hpp>
+#include <gradcomp/reducers/model_reducer_options.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace gradcomp::inline GRADCOMP_ABI {
+
+/// What the planner weighs.
+struct planner_options {
+  /// The compressors it may choose among (bf16 is measured beside them
+  /// either way: every row is compared with it).
+  std::vector<compressor_spec> candidates = {compressor_spec::parse("bf16"), compressor_spec::parse("topkc"),
+                                             compressor_spec::parse("powersgd")};
+  /// Steps to a target relative to bf16's, by spec string (1 where absent):
+  /// with it, candidates are ranked by predicted time to target.
+  std::map<std::string, double> steps_factor;
+  /// Timed steps of each candidate's local work (their median counts).
+  int timed_steps = 5;
+  /// How the network is measured.
+  network_options network{};
+};
+
+/// One candidate on one bucket.
+struct plan_row {
+  std::string spec;          ///< The spec string (compressor_spec::str()).
+  std::string description;   ///< The compressor and its lane, as any_allreducer says.
+  bool allowed = true;       ///< Among the candidates (false: bf16, measured for comparison only).
+  std::string refused;       ///< Why it cannot run here (empty: it can).
+  double local = 0;          ///< Seconds of local work.
+  double communication = 0;  ///< Predicted seconds of its calls.
+  double factor = 1;         ///< Steps to target relative to bf16.
+  std::size_t wire_bytes = 0;
+  std::vector<collective_call> calls;  ///< One step's, as recorded.
+  /// Predicted seconds per step.
+  double total() const { return local + communication; }
+  /// What ranks the candidates: time per step x steps factor.
+  double score() const { return total() * factor; }
+};
+
+/// The planner's answer for one bucket.
+struct bucket_choice {
+  std::size_t elements = 0;
+  std::vector<plan_row> rows;  ///< Every candidate, then bf16 if it was not one.
+  std::size_t chosen = 0;      ///< Index into rows.
+  std::size_t baseline = 0;    ///< bf16's row.
+  /// Whether the chosen compressor beats bf16 here.
+  bool pays() const { return rows[chosen].score() < rows[baseline].score(); }
+};
+
+/// The planner's answer: the measured network and each bucket's choice.
+struct compression_plan {
+  network_model network;
+  std::vector<bucket_choice> buckets;
+
+  /// The chosen spec of bucket b.
+  compressor_spec const chosen(std::size_t b) const {
+    return compressor_spec::parse(buckets[b].rows[buckets[b].chosen].spec);
+  }
+  /// The plan as text: the network's lines, then a table per bucket and a
+  /// verdict.
+  std::string table() const {
+    std::string out = "Network (" + std::to_string(network.ranks) + " ranks), t = latency + bytes / bandwidth:\n";
+    char line[256];
+    for (auto const& l : network.links) {
+      double const bw = l.fit.seconds_per_byte > 0 ? 1.0 / l.fit.seconds_per_byte / 1e9 : 0.0;
+      std::snprintf(line, sizeof line, "  %-14s %-9s latency %9.1f us, bandwidth %8.3f GB/s%s\n", name_of(l.op),
+                    std::string(name_of(l.type)).c_str(), l.fit.latency * 1e6, bw, bw == 0 ? " (not seen)" : "");
+      out += line;
+    }
+    bool any_pays = false;
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      auto const& c = buckets[b];
+      std::snprintf(line, sizeof line, "Bucket %zu (%zu elements):\n  %-28s %10s %10s %10s %12s %9s\n", b, c.elements,
+                    "candidate", "local ms", "comm ms", "total ms", "wire bytes", "vs bf16");
+      out += line;
+      for (std::size_t r = 0; r < c.rows.size(); ++r) {
+        auto const& row = c.rows[r];
+        if (!row.refused.empty()) {
+          out += "  " + row.spec + ": left out, " + row.refused + "\n";
+          continue;
+        }
+        std::snprintf(line, sizeof line, "  %-28s %10.3f %10.3f %10.3f %12zu %8.2fx%s%s\n", row.spec.c_str(),
+                      row.local * 1e3, row.communication * 1e3, row.total() * 1e3, row.wire_bytes,
+                      row.score() / c.rows[c.baseline].score(), row.allowed ? "" : " (reference)",
+                      r == c.chosen ? "  <- chosen" : "");
+        out += line;
+      }
+      any_pays |= c.pays();
+    }
+    out += any_pays ? "Compression pays on some buckets here (predicted step time, not convergence).\n"
+                    : "Compression does not pay here: bf16 is predicted fastest on every bucket (step time, not "
+                      "convergence).\n";
+    return out;
+  }
+};
+
+namespace detail {
+/// The local work of `spec` on `layout` over a dry run of `ranks` ranks in
+/// `space`: the median of `steps` timed steps after two warm ones, with the
+/// calls of the last; `refused` says why where it cannot be built.
+template <class Space, class Gradient>
+plan_row rehearse(compressor_spec const& spec, bucket_layout const& layout, int rank, int ranks, Space const& space,
+                  int steps) {
+  plan_row row;
+  row.spec = spec.str();
+  dry_run<Space> dry(rank, ranks, space);
+  try {
+    any_allreducer<dry_run<Space>, Space, Gradient> reduce(spec, dry, layout, space,
+                                                           {.nonfinite = nonfinite_policy::propagate});
+    row.description = reduce.description();
+    std::size_t const d = layout.size();
+    std::vector<Gradient> host(d);
+    std::uint64_t state = 0x9e3779b97f4a7c15u;  // a fixed, varied gradient: nothing in it is special
+    for (auto& g : host) {
+      state = state * 6364136223846793005u + 1442695040888963407u;
+      g = Gradient(static_cast<float>(static_cast<std::int64_t>(state >> 40) - (1 << 23)) * 0x1.0p-23f);
+    }
+    buffer<Gradient, Space> gradient(d, space);
+    std::vector<double> times;
+    for (int s = 0; s < steps + 2; ++s) {
+      space.from_host(gradient.data(), host.data(), d * sizeof(Gradient));
+      space.synchronize();
+      dry.clear();
+      auto const start = std::chrono::steady_clock::now();
+      reduce(gradient.view());
+      reduce.synchronize();
+      if (s >= 2) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+    row.local = times[times.size() / 2];
+    row.calls = dry.calls();
+    row.wire_bytes = reduce.wire_bytes();
+  } catch (std::exception const& e) {
+    row.refused = e.what();
+  }
+  return row;
+}
+}  // namespace detail
+
+/// Plans the buckets `layouts` of this rank of `collective` in `space` (see
+/// the top of this header): every candidate's local work on every bucket,
+/// the network for the calls they make, and each bucket's choice among the
+/// candidates (the fastest predicted step, times its steps factor; ties go
+/// to the earlier candidate). Collective: every rank calls it with the same
+/// layouts and options, and every rank gets bitwise the same plan.
+/// @note Waits for the space, and takes about a second per (candidate,
+/// bucket) pair at most.
+template <gradient_element Gradient = float, class Collective, class Space>
+compression_plan plan_compression(Collective& collective, std::vector<bucket_layout> const& layouts, Space const& space,
+                                  planner_options const& options = {}) {
+  GRADCOMP_EXPECTS(!options.candidates.empty() && options.timed_steps >= 1,
+                   "plan_compression: no candidates, or no timed steps");
+  std::vector<compressor_spec> specs = options.candidates;
+  auto const baseline_spec = compressor_spec::parse("bf16");
+  auto const is_baseline = [&](compressor_spec const& s) { return s.str() == baseline_spec.str(); };
+  bool const bf16_allowed = std::any_of(specs.begin(), specs.end(), is_baseline);
+  if (!bf16_allowed) specs.push_back(baseline_spec);
+  compression_plan result;
+  std::set<std::pair<collective_op, dtype>> seen;
+  std::vector<double> local;  // to agree on: the slowest rank's
+  for (auto const& layout : layouts) {
+    bucket_choice c;
+    c.elements = layout.size();
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      plan_row row = detail::rehearse<Space, Gradient>(specs[i], layout, collective.rank(), collective.size(), space,
+                                                       options.timed_steps);
+      row.allowed = i < options.candidates.size();
+      auto const factor = options.steps_factor.find(row.spec);
+      row.factor = factor == options.steps_factor.end() ? 1.0 : factor->second;
+      for (auto const& call : row.calls) seen.insert({call.op, call.type});
+      local.push_back(row.refused.empty() ? row.local : 0.0);
+      if (is_baseline(specs[i])) c.baseline = c.rows.size();
+      c.rows.push_back(std::move(row));
+    }
+    result.buckets.push_back(std::move(c));
+  }
+  // The slowest rank's local times, on every rank (the links and refusals
+  // follow from the layouts and the group's size: the same everywhere).
+  buffer<double, Space> agreed(local.size(), space);
+  space.from_host(agreed.data(), local.data(), local.size() * sizeof(double));
+  collective.all_reduce(agreed.data(), agreed.data(), local.size(), reduce_op::max);
+  space.to_host(local.data(), agreed.data(), local.size() * sizeof(double));
+  result.network = measure_network(collective, space, {seen.begin(), seen.end()}, options.network);
+  std::size_t k = 0;
+  for (auto& c : result.buckets) {
+    bool chosen = false;
+    for (std::size_t r = 0; r < c.rows.size(); ++r) {
+      auto& row = c.rows[r];
+      row.local = local[k++];
+      if (!row.refused.empty()) continue;
+      row.communication = 0;
+      for (auto const& call : row.calls) row.communication += result.network.seconds(call);
+      if (row.allowed && (!chosen || row.score() < c.rows[c.chosen].score())) c.chosen = r, chosen = true;
+    }
+    GRADCOMP_EXPECTS(chosen, "plan_compression: no candidate can run on a bucket of " + std::to_string(c.elements) +
+                                 " elements here (" + c.rows.front().refused + ")");
+  }
+  return result;
+}
+
+/// Whether `text` asks the planner to choose: "auto" or "auto:of=...".
+inline bool is_auto_spec(std::string_view text) { return text == "auto" || text.starts_with("auto:of="); }
+
+/// The candidates of an automatic spec: "auto" (bf16, TopK-Chunked and
+/// PowerSGD at their defaults) or "auto:of=bf16+topkc:fraction=0.01+thc"
+/// ('+' between specs).
+inline std::vector<compressor_spec> auto_candidates(std::string_view text) {
+  GRADCOMP_EXPECTS(is_auto_spec(text), "auto_candidates: '" + std::string(text) + "' is not an automatic spec");
+  if (text == "auto") return planner_options{}.candidates;
+  std::string_view rest = text.substr(std::string_view("auto:of=").size());
+  std::vector<compressor_spec> out;
+  while (!rest.empty()) {
+    std::size_t const plus = rest.find('+');
+    out.push_back(compressor_spec::parse(rest.substr(0, plus)));
+    rest = plus == std::string_view::npos ? std::string_view{} : rest.substr(plus + 1);
+  }
+  GRADCOMP_EXPECTS(!out.empty(), "auto_candidates: '" + std::string(text) + "' names no candidate");
+  return out;
+}
+
+/// The planner's choice for a model_reducer: plans the large buckets of
+/// matrices that `options`' bucket rules make of `shapes` (plan_buckets;
+/// `Gradient` as the reducer stores them) and returns `options` with each
+/// one's compressor chosen (model_reducer_options::compressors), and the
+/// plan. Collective over `collective` (the reducer's flat world), as
+/// plan_compression.
+template <gradient_element Gradient = float, class Collective, class Space>
+std::pair<model_reducer_options, compression_plan> choose_compressors(
+    Collective& collective, std::vector<std::vector<std::size_t>> const& shapes, model_reducer_options options,
+    Space const& space, planner_options const& planner = {}) {
+  bucket_plan const buckets = plan_buckets(shapes, sizeof(Gradient), options);
+  std::vector<bucket_layout> layouts;
+  for (auto const& b : buckets.buckets) {
+    if (!b.compressed) continue;
+    layouts.emplace_back();
+    for (std::size_t p : b.params) layouts.back().add(shapes[p]);
+  }
+  compression_plan plan;
+  options.compressors.clear();
+  if (layouts.empty()) return {options, plan};
+  plan = plan_compression<Gradient>(collective, layouts, space, planner);
+  for (std::size_t b = 0; b < layouts.size(); ++b) options.compressors.push_back(plan.chosen(b));
+  return {options, plan};
+}
+
+}  // namespace gradcomp

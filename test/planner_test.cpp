@@ -1,0 +1,147 @@
+// The planner: its network fit against a collective of known latency and
+// bandwidth, its agreement across ranks, its choices and refusals, and the
+// calls its dry runs record against each compressor's own wire bytes.
+#include <gradcomp/collectives/local_group.hpp>
+#include <gradcomp/planning/planner.hpp>
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace gradcomp;
+
+// local_group, but every call first waits latency + bytes x per_byte: a
+// network of known terms (the bytes as the fits count them).
+struct slow_link {
+  local_group::communicator* inner;
+  double latency, per_byte;
+  int rank() const { return inner->rank(); }
+  int size() const { return inner->size(); }
+  bool accepts(memory_kind k) const { return inner->accepts(k); }
+  void wait(double bytes) const {  // (sleeps overshoot by a few hundred microseconds here: the last one spins)
+    auto const until =
+        std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                               std::chrono::duration<double>(latency + bytes * per_byte));
+    std::this_thread::sleep_until(until - std::chrono::milliseconds(1));
+    while (std::chrono::steady_clock::now() < until) {
+    }
+  }
+  template <wire_type T>
+  void all_reduce(T const* s, T* r, std::size_t n, reduce_op op) {
+    wait(static_cast<double>(n * sizeof(T)));
+    inner->all_reduce(s, r, n, op);
+  }
+  template <wire_type T>
+  void all_gather(T const* s, T* r, std::size_t n) {
+    wait(static_cast<double>(n * sizeof(T)) * size());
+    inner->all_gather(s, r, n);
+  }
+  template <wire_type T>
+  void broadcast(T* b, std::size_t n, int root) {
+    wait(static_cast<double>(n * sizeof(T)));
+    inner->broadcast(b, n, root);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the network's fit recovers a known latency and bandwidth within 5%, the same on every rank") {
+  double const latency = 4e-3, per_byte = 1e-7;  // 4 ms, 10 MB/s
+  std::vector<network_model> models(2);          // (two ranks: each spins on a core of its own)
+  local_group::run(2, [&](local_group::communicator& comm) {
+    slow_link link{&comm, latency, per_byte};
+    models[static_cast<std::size_t>(comm.rank())] = measure_network(
+        link, host_space{}, {{collective_op::all_reduce, dtype::float32}, {collective_op::all_gather, dtype::int8}},
+        {.sizes = {8, 16 << 10, 40 << 10}, .repeats = 3});
+  });
+  for (auto const& l : models[0].links) {
+    INFO(std::string(name_of(l.op)) << " " << name_of(l.type));
+    CHECK(std::fabs(l.fit.latency - latency) <= 0.05 * latency);
+    CHECK(std::fabs(l.fit.seconds_per_byte - per_byte) <= 0.05 * per_byte);
+  }
+  for (auto const& m : models)
+    for (std::size_t i = 0; i < m.links.size(); ++i) {
+      CHECK(std::memcmp(&m.links[i].fit, &models[0].links[i].fit, sizeof(link_fit)) == 0);
+      CHECK(m.links[i].points == models[0].links[i].points);
+    }
+}
+
+TEST_CASE("a dry run's calls add up to each compressor's wire bytes") {
+  bucket_layout layout;
+  layout.add({300, 200}).add({200}).add({64, 1000}).add({4096});
+  for_each_registered([&]<class C>(std::type_identity<C>) {
+    for (int ranks : {1, 3, 4}) {
+      INFO(std::string(C::name) << " on " << ranks << " ranks");
+      compressor_spec spec = compressor_spec::parse(C::name);
+      if (std::string_view(C::name) == "global_randk") spec.k = 1000;
+      plan_row const row = detail::rehearse<host_space, float>(spec, layout, 0, ranks, host_space{}, 1);
+      REQUIRE(row.refused.empty());
+      double counted = 0;  // as step_context counts a step's wire bytes
+      for (auto const& call : row.calls)
+        counted += call.op == collective_op::reduce_scatter ? call.bytes() / 2.0 : moved_bytes(call, ranks);
+      CHECK(counted == static_cast<double>(row.wire_bytes));
+      CHECK(row.local > 0);
+    }
+  });
+}
+
+TEST_CASE("every rank gets the same plan; one candidate is that candidate; what cannot run is left out with why") {
+  std::vector<bucket_layout> layouts(2);
+  layouts[0].add({256, 300}).add({300});
+  layouts[1] = bucket_layout(50000);
+  planner_options options;
+  options.candidates = {compressor_spec::parse("bf16"), compressor_spec::parse("topkc"),
+                        compressor_spec::parse("thc:bits=8,lane=int8"), compressor_spec::parse("powersgd")};
+  options.timed_steps = 2;
+  options.network = {.sizes = {8, 4096}, .repeats = 2};
+  std::vector<std::string> tables(3);
+  std::vector<compression_plan> plans(3);
+  local_group::run(3, [&](local_group::communicator& comm) {
+    auto const r = static_cast<std::size_t>(comm.rank());
+    plans[r] = plan_compression(comm, layouts, host_space{}, options);
+    tables[r] = plans[r].table();
+  });
+  for (std::size_t r = 1; r < 3; ++r) {
+    CHECK(tables[r] == tables[0]);
+    for (std::size_t b = 0; b < layouts.size(); ++b) {
+      CHECK(plans[r].buckets[b].chosen == plans[0].buckets[b].chosen);
+      for (std::size_t k = 0; k < plans[0].buckets[b].rows.size(); ++k) {
+        auto const &mine = plans[r].buckets[b].rows[k], &first = plans[0].buckets[b].rows[k];
+        CHECK(std::memcmp(&mine.local, &first.local, sizeof(double)) == 0);
+        CHECK(std::memcmp(&mine.communication, &first.communication, sizeof(double)) == 0);
+      }
+    }
+  }
+  // 8-bit THC in int8 lanes: 3 ranks x 255 overflow the lane. Left out, and why.
+  for (auto const& c : plans[0].buckets) {
+    CHECK(c.rows[2].refused.find("lane") != std::string::npos);
+    CHECK(c.chosen != 2);
+  }
+  CHECK(tables[0].find("thc:bits=8,lane=int8: left out") != std::string::npos);
+
+  options.candidates = {compressor_spec::parse("thc")};
+  local_group::run(2, [&](local_group::communicator& comm) {
+    compression_plan const p = plan_compression(comm, layouts, host_space{}, options);
+    for (std::size_t b = 0; b < layouts.size(); ++b) CHECK(p.chosen(b).str() == compressor_spec::parse("thc").str());
+    CHECK(p.buckets[0].rows.size() == 2);  // thc, and bf16 beside it for comparison
+    CHECK_FALSE(p.buckets[0].rows[1].allowed);
+  });
+}
+
+TEST_CASE("automatic specs name their candidates, and nothing else passes as one") {
+  CHECK(auto_candidates("auto").size() == 3);
+  auto const c = auto_candidates("auto:of=bf16+topkc:fraction=0.01,chunk_size=64+thc");
+  REQUIRE(c.size() == 3);
+  CHECK(c[1].str() == compressor_spec::parse("topkc:fraction=0.01,chunk_size=64").str());
+  CHECK_FALSE(is_auto_spec("bf16"));
+  CHECK_THROWS_WITH_AS(auto_candidates("auto:of=bf16+nope"), doctest::Contains("unknown compressor 'nope'"),
+                       invalid_argument);
+}
