@@ -47,6 +47,23 @@ TEST_CASE("the model is packed into buckets by cap, in backward order, vectors a
   });
 }
 
+// Each large bucket its own compressor (the planner's choices), in bucket
+// order; a list of another length fails every rank at construction.
+TEST_CASE("large buckets take the compressors given one each, and a list of the wrong length is refused") {
+  local_group::run(2, [](local_group::communicator& comm) {
+    model_reducer_options options = small_buckets();
+    options.compressors = {compressor_spec::parse("thc"), compressor_spec::parse("powersgd")};
+    model_reducer<local_group::communicator, host_space> reducer(mlp_shapes(), comm, options);
+    std::vector<std::string> compressed;
+    for (std::size_t b = 0; b < reducer.buckets(); ++b)
+      if (reducer.bucket(b).description() != "bf16") compressed.push_back(reducer.bucket(b).description());
+    CHECK(compressed == std::vector<std::string>{"thc<uint8>", "powersgd<fp32>"});
+    options.compressors.pop_back();
+    CHECK_THROWS_WITH_AS((model_reducer<local_group::communicator, host_space>(mlp_shapes(), comm, options)),
+                         doctest::Contains("1 compressors given for 2 compressed buckets"), invalid_argument);
+  });
+}
+
 TEST_CASE_TEMPLATE_INVOKE(model_any_order, setup<host_space, local_world>);
 
 namespace {
