@@ -27,7 +27,7 @@ shapes model_of(std::string const& name) {
   if (name == "transformer") {  // 4 blocks of width 1024: attention, MLP, norms
     for (int block = 0; block < 4; ++block)
       for (shapes const& part : {shapes{{1024}, {1024}, {1024, 4096}, {4096}, {4096, 1024}},
-                                shapes{{1024}, {1024}, {1024, 1024}, {3 * 1024, 1024}}})
+                                 shapes{{1024}, {1024}, {1024, 1024}, {3 * 1024, 1024}}})
         out.insert(out.end(), part.begin(), part.end());
     return out;
   }
