@@ -145,3 +145,25 @@ TEST_CASE("automatic specs name their candidates, and nothing else passes as one
   CHECK_THROWS_WITH_AS(auto_candidates("auto:of=bf16+nope"), doctest::Contains("unknown compressor 'nope'"),
                        invalid_argument);
 }
+
+TEST_CASE("one bucket's compressor: a fixed spec as itself, an automatic one planned the same on every rank") {
+  bucket_layout layout;
+  layout.add({128, 256}).add({256});
+  planner_options options;
+  options.timed_steps = 2;
+  options.network = {.sizes = {8, 4096}, .repeats = 2};
+  std::vector<std::string> chosen(3);
+  local_group::run(3, [&](local_group::communicator& comm) {
+    auto const [fixed, none] = choose_compressor(comm, "thc:bits=2", layout, host_space{}, options);
+    CHECK(fixed.str() == compressor_spec::parse("thc:bits=2").str());
+    CHECK(none.buckets.empty());
+    auto const [spec, plan] = choose_compressor(comm, "auto:of=topkc+powersgd", layout, host_space{}, options);
+    REQUIRE(plan.buckets.size() == 1);
+    CHECK(plan.buckets[0].rows.size() == 3);  // the two, and bf16 for comparison
+    CHECK(spec.str() == plan.chosen(0).str());
+    CHECK(spec.str() != "bf16");  // not a candidate
+    any_allreducer<local_group::communicator, host_space> reducer(spec, comm, layout, host_space{});
+    chosen[static_cast<std::size_t>(comm.rank())] = reducer.description();
+  });
+  CHECK((chosen[1] == chosen[0] && chosen[2] == chosen[0]));
+}

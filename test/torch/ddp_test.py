@@ -8,6 +8,8 @@
   bitwise; the state also pickles without its process group;
 - DDP's bucket rebuild after the first iteration (different buckets) is
   handled;
+- "auto:of=..." plans each compressed bucket once, the same on every rank,
+  and a loaded state keeps the saved choices;
 - a bad spec fails every rank at registration, and one a bucket cannot take
   at the first step, with gradcomp's message.
 
@@ -168,6 +170,36 @@ def checkpointed(rank, path, phase, spec, folder, results):
     dist.destroy_process_group()
 
 
+AUTO = "auto:of=topkc:fraction=0.25+powersgd"  # not bf16: the choice then has state to save
+
+
+def automatic(rank, path, phase, folder, results):
+    """The planner's choice: made on DDP's rebuilt buckets (warm-up 2), the
+    same on every rank, one of the candidates; a loaded state keeps it."""
+    import gradcomp.torch as gct
+    init(rank, path)
+    net, ddp = model(seed=5)
+    state = gct.register(ddp, AUTO, warmup=2, **OPTIONS)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    file = os.path.join(folder, f"rank{rank}.pt")
+    if phase == "first":
+        train(ddp, optimizer, 0, 4, rank)
+        torch.save({"model": net.state_dict(), "optimizer": optimizer.state_dict(), "gradcomp": state.state_dict()},
+                   file)
+    else:
+        saved = torch.load(file, weights_only=False)
+        net.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        state.load_state_dict(saved["gradcomp"])
+        train(ddp, optimizer, 4, 6, rank)
+    choices = state.choices()
+    everyone = [None] * RANKS
+    dist.all_gather_object(everyone, choices)
+    results[rank] = (choices, all(c == choices for c in everyone), replicas_equal(net),
+                     {i: state.description(i) for i in choices})
+    dist.destroy_process_group()
+
+
 def rebuilt(rank, path, results):
     import gradcomp.torch as gct
     init(rank, path)
@@ -231,6 +263,18 @@ def main():
               f"{spec}: saved at iteration 4 and loaded into fresh processes, iteration 8 is bitwise the same")
         check(all(resumed[r][1] and resumed[r][2] for r in range(RANKS)),
               f"{spec}: the state pickles without its process group")
+
+    with tempfile.TemporaryDirectory() as folder:
+        first = launch(automatic, "first", folder)
+        resumed = launch(automatic, "resumed", folder)
+    choices = first[0][0]
+    import gradcomp.torch as gct
+    candidates = {gct.parse_spec(s) for s in AUTO.removeprefix("auto:of=").split("+")}
+    check(len(choices) > 0 and set(choices.values()) <= candidates and
+          all(first[r][1] and first[r][2] for r in range(RANKS)),
+          f"auto: every compressed bucket planned, the same choice on every rank, among the candidates: {choices}")
+    check(all(resumed[r][0] == choices and resumed[r][2] and resumed[r][3] == first[r][3] for r in range(RANKS)),
+          f"auto: a loaded state keeps the saved choices: {resumed[0][3]}")
 
     results = launch(rebuilt)
     check(all(results[r] == (True, 4) for r in range(RANKS)), "DDP's rebuilt buckets get reductions of their own")

@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -93,6 +94,20 @@ struct compression_plan {
   /// The chosen spec of bucket b.
   compressor_spec const chosen(std::size_t b) const {
     return compressor_spec::parse(buckets[b].rows[buckets[b].chosen].spec);
+  }
+  /// The predicted seconds of the steps of every bucket with compressor
+  /// `spec` (a candidate's or bf16's spec string), or with each bucket's
+  /// choice where `spec` is empty; negative where some bucket left it out.
+  double predicted(std::string_view spec = {}) const {
+    double sum = 0;
+    for (auto const& c : buckets) {
+      auto const row =
+          spec.empty() ? c.rows.begin() + static_cast<std::ptrdiff_t>(c.chosen)
+                       : std::find_if(c.rows.begin(), c.rows.end(), [&](plan_row const& r) { return r.spec == spec; });
+      if (row == c.rows.end() || !row->refused.empty()) return -1;
+      sum += row->total();
+    }
+    return sum;
   }
   /// The plan as text: the network's lines, then a table per bucket and a
   /// verdict.
@@ -254,6 +269,22 @@ inline std::vector<compressor_spec> auto_candidates(std::string_view text) {
   }
   GRADCOMP_EXPECTS(!out.empty(), "auto_candidates: '" + std::string(text) + "' names no candidate");
   return out;
+}
+
+/// The compressor of one bucket (an any_allreducer's): `text` parsed where
+/// it names one, with an empty plan; the planner's choice among its
+/// candidates for `layout` where it is "auto" or "auto:of=..." (`planner`'s
+/// candidates are then those). Collective over `collective` where automatic,
+/// as plan_compression: every rank gets the same spec.
+template <gradient_element Gradient = float, class Collective, class Space>
+std::pair<compressor_spec, compression_plan> choose_compressor(Collective& collective, std::string_view text,
+                                                               bucket_layout const& layout, Space const& space,
+                                                               planner_options planner = {}) {
+  if (!is_auto_spec(text)) return {compressor_spec::parse(text), compression_plan{}};
+  planner.candidates = auto_candidates(text);
+  compression_plan plan = plan_compression<Gradient>(collective, {layout}, space, planner);
+  compressor_spec chosen = plan.chosen(0);
+  return {std::move(chosen), std::move(plan)};
 }
 
 /// The planner's choice for a model_reducer: plans the large buckets of

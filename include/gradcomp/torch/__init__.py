@@ -7,6 +7,9 @@ Each DDP bucket is reduced by the compressor the spec names (small buckets and
 buckets of 1-D tensors by ``small``, bf16 by default), over the process group
 DDP uses, in C++ on a worker thread while the backward pass goes on. The spec
 strings and their keys are gradcomp's registry's (``compressors()``).
+``"auto:of=bf16+topkc+powersgd"`` lets gradcomp's planner choose among those,
+bucket by bucket, on this group's network, when each bucket is first built
+after warm-up (rank 0 prints its table; ``state.choices()`` says what it chose).
 """
 
 import concurrent.futures
@@ -69,12 +72,19 @@ class GradcompState:
         """Bucket ``index``'s compressor, e.g. ``topkc<bf16>``."""
         return self._impl.description(index)
 
+    def choices(self):
+        """The planner's compressor of each bucket it planned, by index (a
+        spec "auto:of=..."; empty otherwise)."""
+        self._worker.submit(lambda: None).result()
+        return self._impl.choices()
+
     def state_dict(self):
-        """This rank's state: iterations and each bucket's checkpoint bytes."""
+        """This rank's state: iterations, each bucket's checkpoint bytes, and
+        the planner's choices (a loaded state keeps them)."""
         self._worker.submit(lambda: None).result()  # every submitted bucket is done
         iterations, buckets = self._impl.save()
         return {"gradcomp": __version__, "compressor": self.compressor, "small": self.small,
-                "iterations": iterations, "buckets": buckets,
+                "iterations": iterations, "buckets": buckets, "choices": self._impl.choices(),
                 "units": {i: u for i, u in self._units.items() if i in buckets}}
 
     def load_state_dict(self, state):
@@ -85,7 +95,7 @@ class GradcompState:
         if state.get("compressor") != self.compressor or state.get("small") != self.small:
             raise InvalidArgument(f"gradcomp state: a checkpoint of compressor {state.get('compressor')!r} / small "
                                   f"{state.get('small')!r} cannot be loaded into {self.compressor!r} / {self.small!r}")
-        self._impl.load(int(state["iterations"]), dict(state["buckets"]))
+        self._impl.load(int(state["iterations"]), dict(state["buckets"]), dict(state.get("choices", {})))
         self._units = dict(state.get("units", {}))
 
     def __getstate__(self):
@@ -171,7 +181,8 @@ def _raise_failure(future):
 
 def register(model, compressor="topkc", *, process_group=None, **options):
     """Registers gradcomp's hook on the DDP ``model``, reducing by the
-    ``compressor`` spec; returns its GradcompState. ``options``: ``small``,
+    ``compressor`` spec (or ``"auto:of=..."``, the planner's choice per
+    bucket); returns its GradcompState. ``options``: ``small``,
     ``min_compression_elements``, ``warmup`` (iterations of plain fp32 means,
     like ``start_powerSGD_iter``), ``seed`` and ``nonfinite``
     (``"raise"`` or ``"propagate"``)."""

@@ -16,6 +16,7 @@ class ddp_hook_state;  // defined where PyTorch's headers are found: link gradco
 #else
 
 #include <gradcomp/pipeline/checkpoint.hpp>
+#include <gradcomp/planning/planner.hpp>
 #include <gradcomp/reducers/any_allreducer.hpp>
 #include <gradcomp/reducers/bucket_plan.hpp>
 
@@ -23,6 +24,7 @@ class ddp_hook_state;  // defined where PyTorch's headers are found: link gradco
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -36,6 +38,12 @@ struct ddp_hook_options {
   /// The compressor of buckets that hold a matrix and at least
   /// `min_compression_elements` values.
   compressor_spec compressor{};
+  /// When not empty (the spec "auto" or "auto:of=..."): the planner
+  /// (plan_compression over the hook's group) chooses the compressor of each
+  /// bucket that `compressor` would take among these, when the bucket is
+  /// built (after warm-up, so on DDP's rebuilt buckets where warm-up is 2 or
+  /// more); rank 0 prints its table. `compressor` is then unused.
+  std::vector<compressor_spec> candidates{};
   /// The compressor of the other buckets (bf16, no error feedback: PyTorch's
   /// min_compression_rate).
   compressor_spec small{};
@@ -67,6 +75,8 @@ class ddp_hook_state {
   ddp_hook_state(c10::intrusive_ptr<c10d::ProcessGroup> group, ddp_hook_options options)
       : comm_(std::move(group)), options_(std::move(options)) {
     for (compressor_spec const* spec : {&options_.compressor, &options_.small}) {
+      if (spec == &options_.compressor && !options_.candidates.empty())
+        continue;  // the planner leaves out what cannot run
       std::string const failure = detail::spec_failure(*spec, comm_.size(), [](auto) {});
       GRADCOMP_EXPECTS(failure.empty(), "gradcomp DDP hook: '" + spec->str() + "': " + failure);
     }
@@ -119,18 +129,36 @@ class ddp_hook_state {
   /// Loads what save() wrote (on every rank, before the next step): each
   /// bucket restores its checkpoint when it is built, a checkpoint of
   /// another configuration or bucket failing every rank with gradcomp's
-  /// message. Buckets already built are dropped.
-  void load(std::uint64_t iterations, std::map<std::size_t, std::vector<std::byte> > checkpoints) {
+  /// message. Buckets already built are dropped. `choices` (what choices()
+  /// said when it was saved) gives the planner's buckets their saved
+  /// compressors back, so they are not planned again.
+  void load(std::uint64_t iterations, std::map<std::size_t, std::vector<std::byte> > checkpoints,
+            std::map<std::size_t, std::string> const& choices = {}) {
     buckets_.clear();
     iterations_ = iterations;
     pending_ = std::move(checkpoints);
+    choices_.clear();
+    for (auto const& [index, spec] : choices) choices_.insert_or_assign(index, compressor_spec::parse(spec));
   }
 
-  /// The compressor a bucket of these shapes takes.
-  compressor_spec const& spec_for(shapes const& params, std::size_t elements) const {
+  /// The planner's choice of each bucket it planned (spec strings), by index;
+  /// empty without candidates.
+  std::map<std::size_t, std::string> choices() const {
+    std::map<std::size_t, std::string> out;
+    for (auto const& [index, spec] : choices_) out.emplace(index, spec.str());
+    return out;
+  }
+
+  /// Whether a bucket of these shapes is compressed (holds a matrix and at
+  /// least min_compression_elements values) rather than given `small`.
+  bool compressed(shapes const& params, std::size_t elements) const {
     bool matrix = false;
     for (auto const& s : params) matrix = matrix || s.size() > 1;
-    return matrix && elements >= options_.min_compression_elements ? options_.compressor : options_.small;
+    return matrix && elements >= options_.min_compression_elements;
+  }
+  /// The compressor a bucket of these shapes takes (without candidates).
+  compressor_spec const& spec_for(shapes const& params, std::size_t elements) const {
+    return compressed(params, elements) ? options_.compressor : options_.small;
   }
 
  private:
@@ -162,8 +190,11 @@ class ddp_hook_state {
                                                     std::to_string(layout.size()));
     allreducer_options o = options_.reduce;
     o.bucket = index;
+    compressor_spec const spec = options_.candidates.empty() || !compressed(params, elements)
+                                     ? spec_for(params, elements)
+                                     : choose(index, layout, found != buckets_.end());
     bucket b{params, std::make_unique<any_allreducer<c10d_communicator, host_space, float> >(
-                         spec_for(params, elements), comm_, std::move(layout), host_space{options_.threads}, o)};
+                         spec, comm_, std::move(layout), host_space{options_.threads}, o)};
     if (auto const saved = pending_.find(index); saved != pending_.end()) {
       auto const bytes = std::move(saved->second);
       pending_.erase(saved);
@@ -172,8 +203,25 @@ class ddp_hook_state {
     return buckets_.insert_or_assign(index, std::move(b)).first->second;
   }
 
+  // The planner's choice for bucket `index`: the saved one where a loaded
+  // state has it and the bucket is not rebuilt, else planned over the group
+  // (collective: every rank builds its buckets in DDP's order).
+  compressor_spec choose(std::size_t index, bucket_layout const& layout, bool rebuilt) {
+    if (auto const saved = choices_.find(index); saved != choices_.end() && !rebuilt) return saved->second;
+    planner_options planner;
+    planner.candidates = options_.candidates;
+    compression_plan const plan = plan_compression<float>(comm_, {layout}, host_space{options_.threads}, planner);
+    if (comm_.rank() == 0) {
+      std::string const text = "gradcomp DDP hook, bucket " + std::to_string(index) + ": " + plan.table();
+      std::fputs(text.c_str(), stdout);
+      std::fflush(stdout);
+    }
+    return choices_.insert_or_assign(index, plan.chosen(0)).first->second;
+  }
+
   c10d_communicator comm_;
   ddp_hook_options options_;
+  std::map<std::size_t, compressor_spec> choices_;
   std::map<std::size_t, bucket> buckets_;
   std::map<std::size_t, std::vector<std::byte> > pending_;
   std::uint64_t iterations_ = 0;

@@ -6,6 +6,7 @@
 // this header compiles to nothing.
 #pragma once
 
+#include <gradcomp/planning/planner.hpp>
 #include <gradcomp/torch/ddp_hook.hpp>
 #include <gradcomp/torch/fsdp_reduce_scatter.hpp>
 
@@ -44,8 +45,16 @@ inline void define(py::module_& m) {
       },
       py::arg("spec"), "Whether the compressor a spec names can reduce-scatter (FSDP: gradcomp.torch.ReduceScatter).");
   m.def(
-      "parse_spec", [](std::string const& text) { return compressor_spec::parse(text).str(); }, py::arg("spec"),
-      "Checks a compressor spec and returns it in its canonical form; raises ValueError naming what is wrong.");
+      "parse_spec",
+      [](std::string const& text) {
+        if (!is_auto_spec(text)) return compressor_spec::parse(text).str();
+        std::string out = "auto:of=";
+        for (auto const& c : auto_candidates(text)) out += (out.back() == '=' ? "" : "+") + c.str();
+        return out;
+      },
+      py::arg("spec"),
+      "Checks a compressor spec (or 'auto:of=A+B', the planner's choice among A and B) and returns it in its "
+      "canonical form; raises ValueError naming what is wrong.");
 
   // The base first: pybind11 tries the translators last registered first.
   py::register_exception<error>(m, "Error", PyExc_RuntimeError);
@@ -58,7 +67,12 @@ inline void define(py::module_& m) {
                        std::string const& small, std::size_t min_compression_elements, std::uint64_t warmup,
                        std::optional<std::uint64_t> seed, std::string const& nonfinite, int threads) {
              ddp_hook_options o;
-             o.compressor = compressor_spec::parse(compressor);
+             if (is_auto_spec(compressor)) {
+               o.candidates = auto_candidates(compressor);
+               o.compressor = o.candidates.front();
+             } else {
+               o.compressor = compressor_spec::parse(compressor);
+             }
              o.small = compressor_spec::parse(small);
              o.min_compression_elements = min_compression_elements;
              o.warmup_iterations = warmup;
@@ -83,6 +97,7 @@ inline void define(py::module_& m) {
       .def_property_readonly("iterations", &ddp_hook_state::iterations)
       .def_property_readonly("wire_bytes", &ddp_hook_state::wire_bytes)
       .def("description", &ddp_hook_state::description, py::arg("index"))
+      .def("choices", &ddp_hook_state::choices, "The planner's choice of each bucket it planned, by index.")
       .def("save",
            [](ddp_hook_state& s) {
              std::map<std::size_t, std::vector<std::byte>> buckets;
@@ -98,16 +113,17 @@ inline void define(py::module_& m) {
            })
       .def(
           "load",
-          [](ddp_hook_state& s, std::uint64_t iterations, py::dict const& buckets) {
+          [](ddp_hook_state& s, std::uint64_t iterations, py::dict const& buckets,
+             std::map<std::size_t, std::string> const& choices) {
             std::map<std::size_t, std::vector<std::byte>> in;
             for (auto const& [key, value] : buckets) {
               std::string const bytes = py::cast<std::string>(value);
               auto const* first = reinterpret_cast<std::byte const*>(bytes.data());
               in.emplace(py::cast<std::size_t>(key), std::vector<std::byte>(first, first + bytes.size()));
             }
-            s.load(iterations, std::move(in));
+            s.load(iterations, std::move(in), choices);
           },
-          py::arg("iterations"), py::arg("buckets"));
+          py::arg("iterations"), py::arg("buckets"), py::arg("choices"));
 
   py::class_<fsdp_reduce_scatter>(m, "ReduceScatterState",
                                   "One FSDP module's gradcomp reduce-scatter (see gradcomp.torch.ReduceScatter).")
