@@ -12,6 +12,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "bench", "e2e"))
 import report  # noqa: E402
+import validate  # noqa: E402
 
 DATA = os.path.join(HERE, "data", "e2e")
 RUNS = sorted(os.path.join(DATA, f) for f in os.listdir(DATA))
@@ -124,6 +125,36 @@ class SeedsTest(unittest.TestCase):
         cells = [c.strip() for c in out.getvalue().splitlines()[2].strip("|").split("|")]
         self.assertEqual(cells[2], "7.5 (5.0-10.0)")
         self.assertEqual(cells[9], "75 (50-100)")
+
+
+class ValidateTest(unittest.TestCase):
+    """validate.py on made-up runs whose answer is known."""
+
+    def write(self, folder, rate, label, k, ms_per_step, predictions=()):
+        with open(os.path.join(folder, f"{rate}__{label}__r{k}.csv"), "w") as f:
+            f.write("compressor,ranks,step,epoch,wall_s,compress_s,comm_s,exposed_s,wire_bytes,loss,test_acc\n")
+            f.write("x,4,20,0.1,1.0,0.5,1.5,0,0,1,0.1\n")  # the first 20 steps are left out
+            f.write(f"x,4,80,0.4,2.0,0.5,{1.5 + 0.06 * ms_per_step},0,0,1,0.2\n")
+        with open(os.path.join(folder, f"{rate}__{label}__r{k}.log"), "w") as f:
+            f.write("Network ...\n" + "".join(f"prediction: spec={s} ms={t}\n" for s, t in predictions))
+
+    def test_errors_and_picks(self):
+        with tempfile.TemporaryDirectory() as folder:
+            for k, scale in ((1, 1.0), (2, 1.1), (3, 0.9)):
+                self.write(folder, "1gbit", "auto", k, 10 * scale,
+                           [("bf16", 12), ("topkc:chunk_size=256,fraction=0.1", 9), ("auto", 9)])
+                self.write(folder, "1gbit", "c0", k, 10 * scale)
+                self.write(folder, "1gbit", "c1", k, 12 * scale)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                validate.main(["--candidates", "bf16 topkc:fraction=0.1,chunk_size=256", folder])
+            text = out.getvalue()
+            self.assertIn("| 1gbit | bf16 | 12.00 (12.00-12.00) | 10.00 (9.00-11.00) | +20% |", text)
+            self.assertIn("| 1gbit | topkc:fraction=0.1,chunk_size=256 | 9.00 (9.00-9.00) | 12.00 (10.80-13.20) | -25% |",
+                          text)
+            self.assertIn("fastest measured: bf16; the choice at 1.00x it", text)
+            self.assertIn("Median absolute error: 20% over 3 rows; the choice within 5% of the measured fastest at 1 of 1",
+                          text)
 
 
 if __name__ == "__main__":

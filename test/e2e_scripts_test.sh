@@ -14,7 +14,7 @@ expect() {  # expect DESCRIPTION ACTUAL WANTED
   fi
 }
 
-for script in bench/e2e/run.sh bench/e2e/two_nodes.sh bench/e2e/torch.sh bench/e2e/common.sh; do
+for script in bench/e2e/run.sh bench/e2e/two_nodes.sh bench/e2e/torch.sh bench/e2e/validate.sh bench/e2e/common.sh; do
   bash -n "$script" || { echo "FAIL: $script does not parse"; failures=$((failures + 1)); }
 done
 

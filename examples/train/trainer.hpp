@@ -171,6 +171,7 @@ class host_reducer : public reducer {
       auto [chosen, plan] = gradcomp::choose_compressors<G>(comm, shapes(layout), o.reducer_options(), one,
                                                             {.candidates = gradcomp::auto_candidates(o.compressor)});
       if (comm.rank() == 0) std::printf("%s", plan.table().c_str());
+      print_predictions(comm, shapes(layout), chosen, plan, one);
       reduce_ = std::make_unique<model_reducer>(shapes(layout), timed_, chosen, one);
     } else {
       reduce_ = std::make_unique<model_reducer>(shapes(layout), timed_, o.reducer_options(), one);
@@ -179,6 +180,30 @@ class host_reducer : public reducer {
     parameter_of_.resize(order.size());
     for (std::size_t p = 0; p < order.size(); ++p) parameter_of_[order[p]] = p;
   }
+  // One line per candidate (and the plan's choice), "prediction: spec=S
+  // ms=T": the predicted reductions of a whole step, the small buckets (the
+  // `small` compressor whatever the choice, planned here too) included; what
+  // bench/e2e/validate.sh compares with measured steps.
+  static void print_predictions(Collective& comm, std::vector<std::vector<std::size_t>> const& model,
+                                gradcomp::model_reducer_options const& options, gradcomp::compression_plan const& plan,
+                                gradcomp::host_space const& space) {
+    gradcomp::bucket_plan const buckets = gradcomp::plan_buckets(model, sizeof(G), options);
+    std::vector<gradcomp::bucket_layout> small;
+    for (auto const& b : buckets.buckets) {
+      if (b.compressed) continue;
+      small.emplace_back();
+      for (std::size_t p : b.params) small.back().add(model[p]);
+    }
+    double const rest =
+        small.empty() ? 0.0
+                      : gradcomp::plan_compression<G>(comm, small, space, {.candidates = {options.small}}).predicted();
+    if (comm.rank() != 0 || plan.buckets.empty()) return;
+    for (auto const& row : plan.buckets.front().rows)
+      if (double const t = plan.predicted(row.spec); t >= 0)
+        std::printf("prediction: spec=%s ms=%.3f\n", row.spec.c_str(), (t + rest) * 1e3);
+    std::printf("prediction: spec=auto ms=%.3f\n", (plan.predicted() + rest) * 1e3);
+  }
+
   void ready(std::size_t tensor, float const* values) override {
     std::size_t const p = parameter_of_[tensor];
     auto g = reduce_->gradient(p);

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""The planner's predictions against measured steps (validate.sh's runs).
+
+Each run is RATE__LABEL__rK.log and .csv in the folder: LABEL "auto" is the
+planner's choice (its log holds the "prediction: spec=S ms=T" lines of every
+candidate and of the choice), "cI" the I-th candidate trained alone. The
+measured time per step is that of the reductions (compress_s + comm_s of the
+CSV, between its first and last evaluation). Medians over repetitions, with
+the range.
+
+    validate.py --candidates "SPEC SPEC ..." [--out table.md] FOLDER
+"""
+import argparse
+import csv
+import glob
+import os
+import re
+import statistics
+import sys
+
+from report import rate_key
+
+
+def measured_ms(path):
+    """Reductions per step between the first and the last evaluation (ms)."""
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    if len(rows) < 2:
+        raise ValueError(f"{path}: fewer than two evaluations")
+    first, last = rows[0], rows[-1]
+    steps = int(last["step"]) - int(first["step"])
+    seconds = (float(last["compress_s"]) + float(last["comm_s"])) - (float(first["compress_s"]) + float(first["comm_s"]))
+    return seconds / steps * 1e3
+
+
+def predictions(path):
+    """{spec: predicted ms} from an auto run's log ("auto": the choice)."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"prediction: spec=(\S+) ms=([0-9.]+)", line)
+            if m:
+                out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def median_range(values):
+    return statistics.median(values), min(values), max(values)
+
+
+def fmt(values):
+    m, lo, hi = median_range(values)
+    return f"{m:.2f} ({lo:.2f}-{hi:.2f})" if len(values) > 1 else f"{m:.2f}"
+
+
+def canonical(spec, known):
+    """The planner prints canonical spec strings: match a candidate by its
+    name and keys, whatever their order."""
+    def keyset(s):
+        name, _, keys = s.partition(":")
+        return name, frozenset(k for k in keys.split(",") if k)
+    for k in known:
+        if keyset(k)[0] == keyset(spec)[0] and keyset(spec)[1] <= keyset(k)[1]:
+            return k
+    return None
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--candidates", required=True)
+    parser.add_argument("--out")
+    parser.add_argument("folder")
+    a = parser.parse_args(argv)
+    candidates = a.candidates.split()
+    runs = {}  # (rate, label) -> [(k, measured ms, predictions or None)]
+    for path in glob.glob(os.path.join(a.folder, "*__*__r*.csv")):
+        rate, label, rk = os.path.basename(path)[: -len(".csv")].split("__")
+        log = path[: -len(".csv")] + ".log"
+        runs.setdefault((rate, label), []).append(
+            (int(rk[1:]), measured_ms(path), predictions(log) if label == "auto" else None))
+    rates = sorted({r for r, _ in runs}, key=rate_key)
+    lines = ["| rate | compressor | predicted ms | measured ms | error |", "|---|---|---:|---:|---:|"]
+    errors, picks = [], []
+    for rate in rates:
+        auto = runs.get((rate, "auto"), [])
+        if not auto:
+            continue
+        predicted = {}  # candidate or "auto" -> [ms per repetition]
+        for _, _, p in auto:
+            for spec, ms in p.items():
+                key = "auto" if spec == "auto" else canonical(spec, candidates)
+                if key:
+                    predicted.setdefault(key, []).append(ms)
+        measured = {c: [m for _, m, _ in runs.get((rate, f"c{i}"), [])] for i, c in enumerate(candidates)}
+        measured["auto"] = [m for _, m, _ in auto]
+        for c in candidates + ["auto"]:
+            if not predicted.get(c) or not measured.get(c):
+                continue
+            p, m = statistics.median(predicted[c]), statistics.median(measured[c])
+            error = (p - m) / m
+            errors.append(abs(error))
+            name = "the planner's choice" if c == "auto" else c
+            lines.append(f"| {rate} | {name} | {fmt(predicted[c])} | {fmt(measured[c])} | {error:+.0%} |")
+        fixed = {c: statistics.median(v) for c, v in measured.items() if v and c != "auto"}
+        best = min(fixed, key=fixed.get)
+        ratio = statistics.median(measured["auto"]) / fixed[best]
+        picks.append(ratio <= 1.05)
+        lines.append(f"| {rate} | *fastest measured: {best}; the choice at {ratio:.2f}x it* | | | |")
+    summary = (f"\nMedian absolute error: {statistics.median(errors):.0%} over {len(errors)} rows; "
+               f"the choice within 5% of the measured fastest at {sum(picks)} of {len(picks)} rates.\n")
+    text = "\n".join(lines) + "\n" + summary
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The planner against measurement, per rate: the trainer's prediction of one
+# step's reductions for every candidate (train --compressor auto:of=...
+# prints "prediction: spec=S ms=T" lines), then each candidate trained alone
+# and the planner's own choice trained, each for a few steps, with their
+# reductions' time per step measured (the trainer's CSV: compress_s +
+# comm_s, between its first and last evaluation, so the first steps are left
+# out). Overlap is off: the planner adds local work and communication. Writes
+# the runs' logs and CSVs, and prints and writes the comparison
+# (validate.py).
+#
+#   sudo bench/e2e/validate.sh [--out DIR] [--rates "100mbit 1gbit 10gbit unshaped"] [--steps N] [--repeat N]
+#                              [--candidates "SPEC SPEC ..."]
+#
+# Needs root (network namespaces, tc), iproute2 and OpenMPI, as run.sh.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+out=validate-results
+rates="100mbit 1gbit 10gbit unshaped"
+steps=80
+repeat=1
+candidates="bf16 fp32 topkc:fraction=0.1,chunk_size=256 powersgd:matrix_rank=4 thc:bits=4,block=1024 intsgd"
+while (($#)); do
+  case $1 in
+    --out) out=$2; shift 2 ;;
+    --rates) rates=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
+    --candidates) candidates=$2; shift 2 ;;
+    *) echo "usage: $0 [--out DIR] [--rates LIST] [--steps N] [--repeat N] [--candidates \"SPEC ...\"]" >&2; exit 2 ;;
+  esac
+done
+
+source bench/e2e/common.sh
+prepare ip tc mpiexec python3
+
+ns=gradcomp-validate-$$
+make_namespace "$ns"
+mkdir -p "$out"
+rm -f "$out"/*.csv "$out"/*.log
+auto="auto:of=${candidates// /+}"
+every=$((steps / 4))
+
+train_one() {  # rate, label, spec, k
+  local file="$out/$1__$2__r$4"
+  ip netns exec "$ns" mpiexec -n 4 --oversubscribe --allow-run-as-root --bind-to none "${blas_env[@]}" \
+    --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
+    "$train" --backend mpi --compressor "$3" --overlap off --max-steps "$steps" --eval-every "$every" --seed "$4" \
+    --out "$file.csv" >"$file.log"
+  tail -1 "$file.log"
+}
+
+for rate in $rates; do
+  shape_loopback "$ns" "$rate"
+  for ((k = 1; k <= repeat; k++)); do
+    echo "== $rate, run $k of $repeat: the planner's choice"
+    train_one "$rate" auto "$auto" "$k"
+    i=0
+    for spec in $candidates; do
+      echo "== $rate, run $k of $repeat: $spec"
+      train_one "$rate" "c$i" "$spec" "$k"
+      i=$((i + 1))
+    done
+  done
+done
+
+python3 bench/e2e/validate.py --candidates "$candidates" --out "$out/table.md" "$out"
