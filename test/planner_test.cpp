@@ -74,6 +74,21 @@ TEST_CASE("the network's fit recovers a known latency and bandwidth within 5%, t
     }
 }
 
+TEST_CASE("a call is priced between the measured sizes that bracket it, and by the fit's slope past the largest") {
+  network_model m;
+  m.ranks = 4;
+  m.links.push_back({collective_op::all_reduce,
+                     dtype::uint8,
+                     {.latency = 0.5e-3, .seconds_per_byte = 1e-6},
+                     {{100, 1e-3}, {1000, 2e-3}, {3000, 2.5e-3}}});
+  auto const at = [&](std::size_t bytes) { return m.seconds({collective_op::all_reduce, dtype::uint8, bytes}); };
+  CHECK(at(10) == doctest::Approx(1e-3));     // below the smallest: its time
+  CHECK(at(550) == doctest::Approx(1.5e-3));  // halfway between the first two
+  CHECK(at(2000) == doctest::Approx(2.25e-3));
+  CHECK(at(5000) == doctest::Approx(2.5e-3 + 2000 * 1e-6));
+  CHECK_THROWS_AS(m.seconds({collective_op::all_gather, dtype::uint8, 8}), invalid_argument);
+}
+
 TEST_CASE("a dry run's calls add up to each compressor's wire bytes") {
   bucket_layout layout;
   layout.add({300, 200}).add({200}).add({64, 1000}).add({4096});
@@ -164,6 +179,12 @@ TEST_CASE("one bucket's compressor: a fixed spec as itself, an automatic one pla
     CHECK(spec.str() != "bf16");  // not a candidate
     any_allreducer<local_group::communicator, host_space> reducer(spec, comm, layout, host_space{});
     chosen[static_cast<std::size_t>(comm.rank())] = reducer.description();
+    planner_options measured = options;
+    measured.steps_on_network = true;  // steps timed over the group itself: agreed too
+    auto const on_network = choose_compressor(comm, "auto:of=topkc+powersgd", layout, host_space{}, measured).second;
+    CHECK(on_network.steps_on_network);
+    for (auto const& row : on_network.buckets[0].rows) CHECK(row.communication >= 0);
+    chosen[static_cast<std::size_t>(comm.rank())] += " " + on_network.table();
   });
   CHECK((chosen[1] == chosen[0] && chosen[2] == chosen[0]));
 }

@@ -1,6 +1,7 @@
 // The network as the user set it up, measured through the backend itself:
 // for each operation and wire type a step uses, the time of a call at a few
-// sizes, and the line t = latency + bytes x seconds_per_byte through them.
+// sizes, and the line t = latency + bytes x seconds_per_byte through them. A
+// call is priced between the measured points that bracket its size.
 //
 // Every rank times every call (after one warm-up call, each call followed by
 // waiting for the space), takes the median of its repeats, and then all ranks
@@ -73,19 +74,34 @@ struct network_model {
       if (l.op == op && l.type == type) return &l;
     return nullptr;
   }
-  /// The predicted time of `call` (invalid_argument where its link was not measured).
+  /// The predicted time of `call` (invalid_argument where its link was not
+  /// measured): between two measured sizes, the line through their points
+  /// (a shaped link is not one line: a token bucket passes a burst at line
+  /// rate, so small messages cost less than the fit over all sizes says);
+  /// below the smallest, its time; above the largest, its time plus the
+  /// fit's seconds per byte.
   double seconds(collective_call const& call) const {
     link const* l = find(call.op, call.type);
     GRADCOMP_EXPECTS(l != nullptr, std::string("network_model: no measurement of ") + name_of(call.op) + " in " +
                                        std::string(name_of(call.type)));
-    return l->fit.seconds(moved_bytes(call, ranks));
+    double const x = moved_bytes(call, ranks);
+    auto const& p = l->points;  // (in increasing size: measure_network's order)
+    if (p.empty()) return l->fit.seconds(x);
+    if (x <= p.front().first) return p.front().second;
+    for (std::size_t i = 1; i < p.size(); ++i)
+      if (x <= p[i].first) {
+        double const t = (x - p[i - 1].first) / (p[i].first - p[i - 1].first);
+        return p[i - 1].second + t * (p[i].second - p[i - 1].second);
+      }
+    return p.back().second + (x - p.back().first) * l->fit.seconds_per_byte;
   }
 };
 
 /// How measure_network measures.
 struct network_options {
-  /// Bytes per message (per rank's part for an all-gather), at least two sizes.
-  std::vector<std::size_t> sizes = {8, 64 << 10, 1 << 20};
+  /// Bytes per message (per rank's part for an all-gather), at least two
+  /// sizes, in increasing order.
+  std::vector<std::size_t> sizes = {8, 4 << 10, 64 << 10, 256 << 10, 1 << 20};
   /// Timed calls per size and link (their median counts).
   int repeats = 3;
 };
@@ -152,7 +168,8 @@ template <class Collective, class Space>
 network_model measure_network(Collective& collective, Space const& space,
                               std::vector<std::pair<collective_op, dtype>> const& links,
                               network_options const& o = {}) {
-  GRADCOMP_EXPECTS(o.sizes.size() >= 2 && o.repeats >= 1, "measure_network: at least two sizes and one repeat");
+  GRADCOMP_EXPECTS(o.sizes.size() >= 2 && o.repeats >= 1 && std::is_sorted(o.sizes.begin(), o.sizes.end()),
+                   "measure_network: at least two sizes, in increasing order, and one repeat");
   int const n = collective.size();
   std::size_t const largest = *std::max_element(o.sizes.begin(), o.sizes.end());
   buffer<std::byte, Space> room(largest * static_cast<std::size_t>(n + 1) + 64, space);
