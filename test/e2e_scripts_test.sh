@@ -84,7 +84,7 @@ if [ $# -ge 1 ]; then
   listed=$(for entry in "${compressors[@]}"; do
     read -ra words <<<"${entry#*|}"
     for ((i = 0; i < ${#words[@]}; i++)); do [ "${words[i]}" = --compressor ] && echo "${words[i + 1]%%:*}"; done
-  done | sort -u | tr '\n' ' ')
+  done | grep -vx auto | sort -u | tr '\n' ' ')  # (auto: the planner, not a compressor)
   expect "the scripts compare every registered compressor" "$listed" "$registered"
   help=$("$train" --help)
   for entry in "${compressors[@]}"; do

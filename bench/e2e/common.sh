@@ -20,6 +20,8 @@ compressors=(
   # Feedback asked for by name (off by default); at 10 bits it is a
   # contraction (error bound sqrt(50000) / 1023 = 0.22).
   "global_randk-50k-sgd|--compressor global_randk --k 50000 --bits 10 --ef on --momentum 0"
+  # The planner's choice per large bucket among three of the above, at their settings.
+  "auto|--compressor auto:of=bf16+topkc:fraction=0.1,chunk_size=256+powersgd:matrix_rank=4"
 )
 
 # The trainer's flags every run shares, into the array run_flags: train until

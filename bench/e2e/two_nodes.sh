@@ -96,7 +96,7 @@ for rate in $rates; do
     flags=${entry#*|}
     selected "$name" "$only" || continue
     for level in flat hier; do
-      [ "$level" = hier ] && [[ $name == topk-* ]] && continue
+      [ "$level" = hier ] && [[ $name == topk-* || $name == auto ]] && continue  # (neither runs in two levels)
       label=$name
       level_flags=()
       [ "$level" = hier ] && label="$name~hier" && level_flags=(--ranks-per-node 2)
