@@ -14,10 +14,6 @@
 //   n are all there), each priced by the line measure_network fit through
 //   the backend's own calls of that operation and type.
 //
-// (planner_options::steps_on_network times each candidate's real steps over
-// the collective instead, and takes communication as their time less the
-// local work.)
-//
 // It predicts step time, not convergence: a compressor that needs more steps
 // to reach a target is only ranked by time to target when given its steps
 // factor (planner_options::steps_factor, e.g. from the time-to-accuracy
@@ -61,13 +57,6 @@ struct planner_options {
   int timed_steps = 5;
   /// How the network is measured.
   network_options network{};
-  /// Also run each candidate's steps over the collective itself (as many
-  /// timed steps, collective) and take their time less the local work as its
-  /// communication: what its calls cost here, waits for the slowest rank
-  /// included, where the fits price each call alone. The fits are still
-  /// measured and shown. Slower (real steps on a slow network), and no
-  /// closer on the validation's oversubscribed machine: off by default.
-  bool steps_on_network = false;
 };
 
 /// One candidate on one bucket.
@@ -101,10 +90,6 @@ struct bucket_choice {
 struct compression_plan {
   network_model network;
   std::vector<bucket_choice> buckets;
-  /// Whether communication is the measured steps less local work
-  /// (planner_options::steps_on_network) rather than the calls priced by the
-  /// fits.
-  bool steps_on_network = false;
 
   /// The chosen spec of bucket b.
   compressor_spec const chosen(std::size_t b) const {
@@ -135,8 +120,6 @@ struct compression_plan {
                     std::string(name_of(l.type)).c_str(), l.fit.latency * 1e6, bw, bw == 0 ? " (not seen)" : "");
       out += line;
     }
-    out += steps_on_network ? "Communication: each candidate's steps over the group, less its local work.\n"
-                            : "Communication: each call of a step priced by the lines above.\n";
     bool any_pays = false;
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       auto const& c = buckets[b];
@@ -168,35 +151,6 @@ namespace detail {
 /// The local work of `spec` on `layout` over a dry run of `ranks` ranks in
 /// `space`: the median of `steps` timed steps after two warm ones, with the
 /// calls of the last; `refused` says why where it cannot be built.
-/// The median time of `steps` steps of `reduce` after two warm ones, each
-/// on the same fixed, varied gradient (nothing in it is special);
-/// `before_each()` runs before a step, untimed.
-template <class Reducer, class Space, class BeforeEach>
-double median_step(Reducer& reduce, bucket_layout const& layout, Space const& space, int steps,
-                   BeforeEach&& before_each) {
-  using gradient_t = typename Reducer::gradient_type;
-  std::size_t const d = layout.size();
-  std::vector<gradient_t> host(d);
-  std::uint64_t state = 0x9e3779b97f4a7c15u;
-  for (auto& g : host) {
-    state = state * 6364136223846793005u + 1442695040888963407u;
-    g = gradient_t(static_cast<float>(static_cast<std::int64_t>(state >> 40) - (1 << 23)) * 0x1.0p-23f);
-  }
-  buffer<gradient_t, Space> gradient(d, space);
-  std::vector<double> times;
-  for (int s = 0; s < steps + 2; ++s) {
-    space.from_host(gradient.data(), host.data(), d * sizeof(gradient_t));
-    space.synchronize();
-    before_each();
-    auto const start = std::chrono::steady_clock::now();
-    reduce(gradient.view());
-    reduce.synchronize();
-    if (s >= 2) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
-}
-
 template <class Space, class Gradient>
 plan_row rehearse(compressor_spec const& spec, bucket_layout const& layout, int rank, int ranks, Space const& space,
                   int steps) {
@@ -207,23 +161,32 @@ plan_row rehearse(compressor_spec const& spec, bucket_layout const& layout, int 
     any_allreducer<dry_run<Space>, Space, Gradient> reduce(spec, dry, layout, space,
                                                            {.nonfinite = nonfinite_policy::propagate});
     row.description = reduce.description();
-    row.local = median_step(reduce, layout, space, steps, [&] { dry.clear(); });
+    std::size_t const d = layout.size();
+    std::vector<Gradient> host(d);
+    std::uint64_t state = 0x9e3779b97f4a7c15u;  // a fixed, varied gradient: nothing in it is special
+    for (auto& g : host) {
+      state = state * 6364136223846793005u + 1442695040888963407u;
+      g = Gradient(static_cast<float>(static_cast<std::int64_t>(state >> 40) - (1 << 23)) * 0x1.0p-23f);
+    }
+    buffer<Gradient, Space> gradient(d, space);
+    std::vector<double> times;
+    for (int s = 0; s < steps + 2; ++s) {
+      space.from_host(gradient.data(), host.data(), d * sizeof(Gradient));
+      space.synchronize();
+      dry.clear();
+      auto const start = std::chrono::steady_clock::now();
+      reduce(gradient.view());
+      reduce.synchronize();
+      if (s >= 2) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+    row.local = times[times.size() / 2];
     row.calls = dry.calls();
     row.wire_bytes = reduce.wire_bytes();
   } catch (std::exception const& e) {
     row.refused = e.what();
   }
   return row;
-}
-
-/// The median time of `steps` steps of `spec` on `layout` over `collective`
-/// itself (collective: every rank runs the same steps).
-template <class Gradient, class Collective, class Space>
-double step_on_network(Collective& collective, compressor_spec const& spec, bucket_layout const& layout,
-                       Space const& space, int steps) {
-  any_allreducer<Collective, Space, Gradient> reduce(spec, collective, layout, space,
-                                                     {.nonfinite = nonfinite_policy::propagate});
-  return median_step(reduce, layout, space, steps, [] {});
 }
 }  // namespace detail
 
@@ -247,7 +210,7 @@ compression_plan plan_compression(Collective& collective, std::vector<bucket_lay
   if (!bf16_allowed) specs.push_back(baseline_spec);
   compression_plan result;
   std::set<std::pair<collective_op, dtype>> seen;
-  std::vector<double> local, stepped;  // to agree on: the slowest rank's
+  std::vector<double> local;  // to agree on: the slowest rank's
   for (auto const& layout : layouts) {
     bucket_choice c;
     c.elements = layout.size();
@@ -259,11 +222,6 @@ compression_plan plan_compression(Collective& collective, std::vector<bucket_lay
       row.factor = factor == options.steps_factor.end() ? 1.0 : factor->second;
       for (auto const& call : row.calls) seen.insert({call.op, call.type});
       local.push_back(row.refused.empty() ? row.local : 0.0);
-      // (refusals follow from the layout and the group's size: the same on every rank)
-      bool const on_network = options.steps_on_network && row.refused.empty();
-      stepped.push_back(
-          on_network ? detail::step_on_network<Gradient>(collective, specs[i], layout, space, options.timed_steps)
-                     : 0.0);
       if (is_baseline(specs[i])) c.baseline = c.rows.size();
       c.rows.push_back(std::move(row));
     }
@@ -271,25 +229,20 @@ compression_plan plan_compression(Collective& collective, std::vector<bucket_lay
   }
   // The slowest rank's local times, on every rank (the links and refusals
   // follow from the layouts and the group's size: the same everywhere).
-  std::size_t const rows = local.size();
-  local.insert(local.end(), stepped.begin(), stepped.end());
   buffer<double, Space> agreed(local.size(), space);
   space.from_host(agreed.data(), local.data(), local.size() * sizeof(double));
   collective.all_reduce(agreed.data(), agreed.data(), local.size(), reduce_op::max);
   space.to_host(local.data(), agreed.data(), local.size() * sizeof(double));
-  result.steps_on_network = options.steps_on_network;
   result.network = measure_network(collective, space, {seen.begin(), seen.end()}, options.network);
   std::size_t k = 0;
   for (auto& c : result.buckets) {
     bool chosen = false;
     for (std::size_t r = 0; r < c.rows.size(); ++r) {
       auto& row = c.rows[r];
-      row.local = local[k];
-      double const step = local[rows + k++];
+      row.local = local[k++];
       if (!row.refused.empty()) continue;
       row.communication = 0;
       for (auto const& call : row.calls) row.communication += result.network.seconds(call);
-      if (options.steps_on_network) row.communication = std::max(0.0, step - row.local);
       if (row.allowed && (!chosen || row.score() < c.rows[c.chosen].score())) c.chosen = r, chosen = true;
     }
     GRADCOMP_EXPECTS(chosen, "plan_compression: no candidate can run on a bucket of " + std::to_string(c.elements) +
