@@ -146,6 +146,9 @@ def hook_equals_allreducer(rank, path, results):
 
 
 def checkpointed(rank, path, phase, spec, folder, results):
+    """Trains 8 iterations whole, or 4 then saves ("first"), or loads and
+    trains the last 4 ("resumed"); also what an automatic spec chose, and
+    whether every rank chose the same."""
     import gradcomp.torch as gct
     init(rank, path)
     net, ddp = model(seed=3)
@@ -165,39 +168,21 @@ def checkpointed(rank, path, phase, spec, folder, results):
         state.load_state_dict(saved["gradcomp"])
         train(ddp, optimizer, 4, 8, rank)
     copy = pickle.loads(pickle.dumps(state))  # without its process group; takes the default one
-    results[rank] = (weights(net), copy.state_dict()["buckets"].keys() == state.state_dict()["buckets"].keys(),
-                     copy.iterations == state.iterations)
-    dist.destroy_process_group()
-
-
-AUTO = "auto:of=topkc:fraction=0.25+powersgd"  # not bf16: the choice then has state to save
-
-
-def automatic(rank, path, phase, folder, results):
-    """The planner's choice: made on DDP's rebuilt buckets (warm-up 2), the
-    same on every rank, one of the candidates; a loaded state keeps it."""
-    import gradcomp.torch as gct
-    init(rank, path)
-    net, ddp = model(seed=5)
-    state = gct.register(ddp, AUTO, warmup=2, **OPTIONS)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    file = os.path.join(folder, f"rank{rank}.pt")
-    if phase == "first":
-        train(ddp, optimizer, 0, 4, rank)
-        torch.save({"model": net.state_dict(), "optimizer": optimizer.state_dict(), "gradcomp": state.state_dict()},
-                   file)
-    else:
-        saved = torch.load(file, weights_only=False)
-        net.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        state.load_state_dict(saved["gradcomp"])
-        train(ddp, optimizer, 4, 6, rank)
     choices = state.choices()
     everyone = [None] * RANKS
     dist.all_gather_object(everyone, choices)
-    results[rank] = (choices, all(c == choices for c in everyone), replicas_equal(net),
-                     {i: state.description(i) for i in choices})
+    results[rank] = dict(weights=weights(net), replicas_equal=replicas_equal(net),
+                         pickles=copy.state_dict()["buckets"].keys() == state.state_dict()["buckets"].keys() and
+                         copy.iterations == state.iterations,
+                         choices=choices, same_choices=all(c == choices for c in everyone),
+                         descriptions={i: state.description(i) for i in choices})
     dist.destroy_process_group()
+
+
+# The planner's choice: made on DDP's rebuilt buckets (warm-up 2), the same on
+# every rank, one of the candidates; a loaded state keeps it. Not bf16 among
+# them: the choice then has state to save.
+AUTO = "auto:of=topkc:fraction=0.25+powersgd"
 
 
 def rebuilt(rank, path, results):
@@ -259,22 +244,22 @@ def main():
             whole = launch(checkpointed, "whole", spec, folder)
             launch(checkpointed, "first", spec, folder)
             resumed = launch(checkpointed, "resumed", spec, folder)
-        check(all(torch.equal(whole[r][0], resumed[r][0]) for r in range(RANKS)),
+        check(all(torch.equal(whole[r]["weights"], resumed[r]["weights"]) for r in range(RANKS)),
               f"{spec}: saved at iteration 4 and loaded into fresh processes, iteration 8 is bitwise the same")
-        check(all(resumed[r][1] and resumed[r][2] for r in range(RANKS)),
-              f"{spec}: the state pickles without its process group")
+        check(all(resumed[r]["pickles"] for r in range(RANKS)), f"{spec}: the state pickles without its process group")
 
     with tempfile.TemporaryDirectory() as folder:
-        first = launch(automatic, "first", folder)
-        resumed = launch(automatic, "resumed", folder)
-    choices = first[0][0]
+        first = launch(checkpointed, "first", AUTO, folder)
+        resumed = launch(checkpointed, "resumed", AUTO, folder)
+    choices = first[0]["choices"]
     import gradcomp.torch as gct
     candidates = {gct.parse_spec(s) for s in AUTO.removeprefix("auto:of=").split("+")}
     check(len(choices) > 0 and set(choices.values()) <= candidates and
-          all(first[r][1] and first[r][2] for r in range(RANKS)),
+          all(first[r]["same_choices"] and first[r]["replicas_equal"] for r in range(RANKS)),
           f"auto: every compressed bucket planned, the same choice on every rank, among the candidates: {choices}")
-    check(all(resumed[r][0] == choices and resumed[r][2] and resumed[r][3] == first[r][3] for r in range(RANKS)),
-          f"auto: a loaded state keeps the saved choices: {resumed[0][3]}")
+    check(all(resumed[r]["choices"] == choices and resumed[r]["replicas_equal"] and
+              resumed[r]["descriptions"] == first[r]["descriptions"] for r in range(RANKS)),
+          f"auto: a loaded state keeps the saved choices: {resumed[0]['descriptions']}")
 
     results = launch(rebuilt)
     check(all(results[r] == (True, 4) for r in range(RANKS)), "DDP's rebuilt buckets get reductions of their own")
