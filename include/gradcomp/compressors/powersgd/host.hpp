@@ -88,11 +88,29 @@ std::uint64_t accumulate_multiply(host_space const& space, G const* gradient, EF
   return bad;
 }
 
+/// q[c] += p_j x m[j x stride + c] for j = 0, 1, ..., `rows` - 1 in turn, for
+/// c in [0, n): the sum over rows in the order of one row at a time, with each
+/// q[c] loaded and stored once per block of rows instead of once per row (the
+/// store port, not memory, bounded the row-at-a-time loop).
+template <std::size_t Rows>
+void add_row_block(float* __restrict q, float const* __restrict m, std::size_t stride, float const* p_block,
+                   std::size_t n) {
+  float p[Rows];
+  for (std::size_t j = 0; j < Rows; ++j) p[j] = p_block[j];
+  for (std::size_t c = 0; c < n; ++c) {
+    float s = q[c];
+    for (std::size_t j = 0; j < Rows; ++j) s += p[j] * m[j * stride + c];
+    q[c] = s;
+  }
+}
+
 /// Q^T = P^T M (q_t: rank x cols): each thread owns a slice of the columns
-/// and adds p[i, k] * M[i, slice] row by row.
+/// and adds p[i, k] x M[i, slice] row by row, eight rows at a time over
+/// tiles of the slice that stay in L1 while Q's rank rows pass over them.
 template <class Resources>
 void multiply_mtp(host_space const& space, Resources&, float const* m, float const* p, float* q_t, std::size_t rows,
                   std::size_t cols, std::size_t rank) {
+  constexpr std::size_t block = 8, tile = 512;
   [[maybe_unused]] int const threads = space.threads_for(rows * cols);
   GRADCOMP_OMP(parallel num_threads(threads)) {
 #if GRADCOMP_HAS_OPENMP
@@ -104,12 +122,21 @@ void multiply_mtp(host_space const& space, Resources&, float const* m, float con
     std::size_t const begin = cols * t / team, end = cols * (t + 1) / team;
     for (std::size_t k = 0; k < rank; ++k)
       for (std::size_t c = begin; c < end; ++c) q_t[k * cols + c] = 0.0f;
-    for (std::size_t i = 0; i < rows; ++i) {
-      float const* row = m + i * cols;
-      for (std::size_t k = 0; k < rank; ++k) {
-        float const pk = p[i * rank + k];
-        float* q = q_t + k * cols;
-        for (std::size_t c = begin; c < end; ++c) q[c] += pk * row[c];
+    float p_block[block];
+    for (std::size_t i = 0; i < rows; i += block) {
+      std::size_t const height = rows - i < block ? rows - i : block;
+      for (std::size_t c = begin; c < end; c += tile) {
+        std::size_t const width = end - c < tile ? end - c : tile;
+        float const* tile_rows = m + i * cols + c;
+        for (std::size_t k = 0; k < rank; ++k) {
+          float* q = q_t + k * cols + c;
+          for (std::size_t j = 0; j < height; ++j) p_block[j] = p[(i + j) * rank + k];
+          if (height == block)
+            add_row_block<block>(q, tile_rows, cols, p_block, width);
+          else
+            for (std::size_t j = 0; j < height; ++j)
+              add_row_block<1>(q, tile_rows + j * cols, cols, p_block + j, width);
+        }
       }
     }
   }

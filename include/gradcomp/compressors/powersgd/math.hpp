@@ -127,15 +127,35 @@ struct psgd_output {
     alignas(64) float m_hat[tile];
     for (std::size_t c0 = 0; c0 < cols; c0 += tile) {
       std::size_t const width = cols - c0 < tile ? cols - c0 : tile;
-      for (std::size_t c = 0; c < width; ++c) m_hat[c] = 0.0f;
-      for (std::size_t k = 0; k < rank; ++k) {
-        float const pk = p[r * rank + k];
-        float const* __restrict qk = q_t + k * cols + c0;
-        for (std::size_t c = 0; c < width; ++c) m_hat[c] += pk * qk[c];
-      }
+      if (rank == 4)  // (the common rank: its sums in registers, not in m_hat)
+        sum_rank<4>(m_hat, p + r * rank, q_t + c0, cols, width);
+      else
+        sum_rank<0>(m_hat, p + r * rank, q_t + c0, cols, width, rank);
       for (std::size_t c = 0; c < width; ++c) {
         out[c0 + c] = G(m_hat[c]);
         e.update(first + c0 + c, a[c0 + c] - m_hat[c]);
+      }
+    }
+  }
+
+  /// m_hat[c] = sum over k of p_k x q_t[k x stride + c], k in order from a
+  /// zero; Rank 0 for a rank known at run time only.
+  template <std::size_t Rank>
+  static void sum_rank(float* __restrict m_hat, float const* p_row, float const* __restrict q, std::size_t stride,
+                       std::size_t width, std::size_t rank = Rank) {
+    if constexpr (Rank > 0) {
+      float pk[Rank];
+      for (std::size_t k = 0; k < Rank; ++k) pk[k] = p_row[k];
+      for (std::size_t c = 0; c < width; ++c) {
+        float s = 0.0f;
+        for (std::size_t k = 0; k < Rank; ++k) s += pk[k] * q[k * stride + c];
+        m_hat[c] = s;
+      }
+    } else {
+      for (std::size_t c = 0; c < width; ++c) m_hat[c] = 0.0f;
+      for (std::size_t k = 0; k < rank; ++k) {
+        float const pk = p_row[k];
+        for (std::size_t c = 0; c < width; ++c) m_hat[c] += pk * q[k * stride + c];
       }
     }
   }
