@@ -1,12 +1,15 @@
 // The host code paths that exist only for a vector instruction set, built
-// for x86-64-v3 (AVX2, F16C; the unit tests are built for the baseline ISA),
-// against the portable paths, bit for bit: the runs of 16-bit conversions
-// (detail/convert.hpp) over every half and floats around every rounding
-// boundary, NaN and infinity included; THC's rotation in registers over every
-// block size and stage count. Skipped (77) on a CPU without them.
+// for x86-64-v3 (AVX2, F16C) and again for x86-64-v4 (AVX-512; the unit tests
+// are built for the baseline ISA), against the portable paths, bit for bit:
+// the runs of 16-bit conversions (detail/convert.hpp) over every half and
+// floats around every rounding boundary, NaN and infinity included; THC's
+// rotation in registers over every block size and stage count; Philox in
+// vector lanes (detail/philox_lanes.hpp). Skipped (77) on a CPU without the
+// build's instruction set.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <gradcomp/compressors/thc/blocks.hpp>
 #include <gradcomp/detail/convert.hpp>
+#include <gradcomp/random.hpp>
 
 #include <doctest/doctest.h>
 
@@ -97,6 +100,25 @@ TEST_CASE("THC's rotation in registers gives the bits of the butterflies pair by
   }
 }
 
+TEST_CASE("Philox in vector lanes gives the scalar function's words") {
+  static_assert(GRADCOMP_HOST_PHILOX_LANES > 0, "built for AVX2 or AVX-512");
+  std::mt19937_64 rng(5);
+  // Runs that start anywhere, end in a partial group, and cross 2^32 (where
+  // the counter's high word changes inside a group).
+  for (std::uint64_t first : {std::uint64_t{0}, std::uint64_t{3}, (std::uint64_t{1} << 32) - 5,
+                              (std::uint64_t{1} << 32) - 64, std::uint64_t{0x0123456789ab}, rng()}) {
+    gradcomp::random_stream const stream(rng(), static_cast<std::uint32_t>(rng()), static_cast<std::uint32_t>(rng()));
+    for (std::size_t count : {std::size_t{1}, std::size_t{31}, std::size_t{32}, std::size_t{33}, std::size_t{200}}) {
+      INFO("first " << first << ", count " << count);
+      std::vector<gradcomp::uint4x32> lanes(count + 1), scalar(count + 1);
+      lanes[count].v[0] = scalar[count].v[0] = 0xdeadbeef;  // (nothing written past the run)
+      stream.blocks(first, count, lanes.data());
+      for (std::size_t k = 0; k < count; ++k) scalar[k] = stream(first + k);
+      CHECK(std::memcmp(lanes.data(), scalar.data(), (count + 1) * sizeof(gradcomp::uint4x32)) == 0);
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   if (!GRADCOMP_HOST_F16C) {
     std::puts("isa_test: built without AVX2 and F16C; nothing to compare");
@@ -110,6 +132,13 @@ int main(int argc, char** argv) {
     std::puts("isa_test: this CPU has no F16C or AVX2: skipped");
     return 77;
   }
+#if defined(__AVX512F__)  // AVX512F, DQ, BW and VL: leaf 7's EBX bits 16, 17, 30 and 31
+  __get_cpuid_count(7, 0, &a, &b, &c, &d);
+  if ((b & 0xc0030000u) != 0xc0030000u) {
+    std::puts("isa_test: built for AVX-512, which this CPU lacks: skipped");
+    return 77;
+  }
+#endif
 #endif
   doctest::Context context(argc, argv);
   return context.run();

@@ -40,6 +40,20 @@
 #define GRADCOMP_OMP(x)
 #endif
 
+/// Around host code with AVX-512 intrinsics: GCC 12 reports those
+/// intrinsics' undefined pass-through operands as (maybe) uninitialized once
+/// they are inlined (GCC bug 105593), in code that uses none.
+#if defined(__GNUC__) && !defined(__clang__)
+#define GRADCOMP_AVX512_BEGIN                               \
+  GRADCOMP_PRAGMA(GCC diagnostic push)                      \
+  GRADCOMP_PRAGMA(GCC diagnostic ignored "-Wuninitialized") \
+  GRADCOMP_PRAGMA(GCC diagnostic ignored "-Wmaybe-uninitialized")
+#define GRADCOMP_AVX512_END GRADCOMP_PRAGMA(GCC diagnostic pop)
+#else
+#define GRADCOMP_AVX512_BEGIN
+#define GRADCOMP_AVX512_END
+#endif
+
 // The ABI namespace. Everything gradcomp declares lives in an inline
 // namespace named after the version and the configuration (CUDA on or off,
 // OpenMP on or off). Code says gradcomp::foo as usual, but translation units

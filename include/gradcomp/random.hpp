@@ -13,7 +13,9 @@
 
 #include <gradcomp/config.hpp>
 #include <gradcomp/detail/hash.hpp>
+#include <gradcomp/detail/philox_lanes.hpp>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace gradcomp::inline GRADCOMP_ABI {
@@ -45,18 +47,16 @@ GRADCOMP_HOST_DEVICE std::uint32_t mulhilo32(std::uint32_t a, std::uint32_t b, s
 
 /// Philox4x32 with 10 rounds: the Random123 reference function.
 GRADCOMP_HOST_DEVICE uint4x32 philox4x32_10(uint4x32 counter, uint2x32 key) {
-  constexpr std::uint32_t multiplier0 = 0xD2511F53u, multiplier1 = 0xCD9E8D57u;
-  constexpr std::uint32_t weyl0 = 0x9E3779B9u, weyl1 = 0xBB67AE85u;
   std::uint32_t* c = counter.v;
   std::uint32_t k0 = key.v[0], k1 = key.v[1];
-  for (int round = 0; round < 10; ++round) {
+  for (int round = 0; round < detail::philox_rounds; ++round) {
     std::uint32_t hi0, hi1;
-    std::uint32_t const lo0 = detail::mulhilo32(multiplier0, c[0], hi0);
-    std::uint32_t const lo1 = detail::mulhilo32(multiplier1, c[2], hi1);
+    std::uint32_t const lo0 = detail::mulhilo32(detail::philox_multiplier0, c[0], hi0);
+    std::uint32_t const lo1 = detail::mulhilo32(detail::philox_multiplier1, c[2], hi1);
     uint4x32 const next{{hi1 ^ c[1] ^ k0, lo1, hi0 ^ c[3] ^ k1, lo0}};
     c[0] = next.v[0], c[1] = next.v[1], c[2] = next.v[2], c[3] = next.v[3];
-    k0 += weyl0;
-    k1 += weyl1;
+    k0 += detail::philox_weyl0;
+    k1 += detail::philox_weyl1;
   }
   return counter;
 }
@@ -121,6 +121,25 @@ class random_stream {
   GRADCOMP_HOST_DEVICE uint4x32 operator()(std::uint64_t index) const {
     uint4x32 const counter{{static_cast<std::uint32_t>(index), static_cast<std::uint32_t>(index >> 32), step_, lane_}};
     return philox4x32_10(counter, key_);
+  }
+
+  /// The words of blocks [first, first + count) into out[0, count) on the
+  /// host: operator()'s, GRADCOMP_HOST_PHILOX_LANES calls at a time in
+  /// vector lanes where the target has them (detail/philox_lanes.hpp).
+  void blocks(std::uint64_t first, std::size_t count, uint4x32* out) const {
+    std::size_t k = 0;
+#if GRADCOMP_HOST_PHILOX_LANES > 0
+    constexpr std::size_t lanes = detail::philox_run;
+    static_assert(sizeof(uint4x32) == 4 * sizeof(std::uint32_t), "blocks are stored as runs of words");
+    for (; k + lanes <= count; k += lanes) {
+      std::uint64_t const index = first + k;
+      if (index >> 32 != (index + lanes - 1) >> 32) break;  // (the index's high word changes inside: one by one)
+      detail::philox_in_lanes(key_.v[0], key_.v[1], static_cast<std::uint32_t>(index),
+                              static_cast<std::uint32_t>(index >> 32), step_, lane_,
+                              reinterpret_cast<std::uint32_t*>(out + k));
+    }
+#endif
+    for (; k < count; ++k) out[k] = (*this)(first + k);
   }
 
   /// A float uniform on [0, 1) for element `index` (one Philox call per

@@ -81,7 +81,7 @@ float const* host_input(widened<T> s, std::size_t begin, std::size_t len, float*
 inline float const* host_input(rounding_noise const& noise, std::size_t begin, std::size_t len, float* uniforms) {
   uint4x32 words[host_chunk / 8];
   std::size_t const calls = (len + 7) / 8;
-  for (std::size_t k = 0; k < calls; ++k) words[k] = noise.stream(begin / 8 + k);  // vectorizes across calls
+  noise.stream.blocks(begin / 8, calls, words);
   static_assert(std::endian::native == std::endian::little, "the 16-bit uniforms are read as halves of words");
   auto const* halves = reinterpret_cast<std::uint16_t const*>(words);  // uniform16's order: low half first
   for (std::size_t k = 0; k < calls * 8; ++k) uniforms[k] = to_unit_float16(halves[k]);
