@@ -19,6 +19,7 @@
 // function.
 #pragma once
 
+#include <gradcomp/config.hpp>
 #include <gradcomp/types.hpp>
 
 #include <cstddef>
@@ -31,8 +32,15 @@
 #else
 #define GRADCOMP_HOST_F16C 0
 #endif
+#if GRADCOMP_HOST_F16C && defined(__AVX512F__)  // (sixteen lanes: AVX512F's conversions)
+#define GRADCOMP_HOST_AVX512_F16 1
+#else
+#define GRADCOMP_HOST_AVX512_F16 0
+#endif
 
 namespace gradcomp::inline GRADCOMP_ABI::detail {
+
+GRADCOMP_AVX512_BEGIN
 
 /// out[k] = T(in[k]) for k < n (T: bfloat16 or half).
 template <class T>
@@ -44,6 +52,17 @@ inline void narrow_run(float const* in, T* out, std::size_t n) {
     // (NaN lanes become the quiet NaN with their sign, which narrows to the
     // portable path's 0x7e00 and sign)
     __m256 const quiet = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000));
+#if GRADCOMP_HOST_AVX512_F16
+    __m512 const sign16 = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(0x80000000u)));
+    __m512 const quiet16 = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fc00000));
+    for (; k + 16 <= n; k += 16) {  // the same, sixteen at a time
+      __m512 x = _mm512_loadu_ps(in + k);
+      __mmask16 const nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+      x = _mm512_mask_blend_ps(nan, x, _mm512_or_ps(_mm512_and_ps(x, sign16), quiet16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + k),
+                          _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+#endif
     for (; k + 8 <= n; k += 8) {
       __m256 x = _mm256_loadu_ps(in + k);
       __m256 const nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
@@ -63,6 +82,17 @@ inline void widen_run(T const* in, float* out, std::size_t n) {
 #if GRADCOMP_HOST_F16C
   if constexpr (std::is_same_v<T, half>) {
     __m128i const exponent = _mm_set1_epi16(0x7c00);
+#if GRADCOMP_HOST_AVX512_F16
+    __m256i const exponent16 = _mm256_set1_epi16(0x7c00);
+    for (; k + 16 <= n; k += 16) {  // the same, sixteen at a time
+      __m256i const h = _mm256_loadu_si256(reinterpret_cast<__m256i const*>(in + k));
+      if (_mm256_movemask_epi8(_mm256_cmpeq_epi16(_mm256_and_si256(h, exponent16), exponent16)) != 0) {
+        for (std::size_t j = k; j < k + 16; ++j) out[j] = static_cast<float>(in[j]);
+        continue;
+      }
+      _mm512_storeu_ps(out + k, _mm512_cvtph_ps(h));
+    }
+#endif
     for (; k + 8 <= n; k += 8) {
       __m128i const h = _mm_loadu_si128(reinterpret_cast<__m128i const*>(in + k));
       // Infinity or NaN among the eight (rare): the portable path, which keeps
@@ -77,5 +107,7 @@ inline void widen_run(T const* in, float* out, std::size_t n) {
 #endif
   for (; k < n; ++k) out[k] = static_cast<float>(in[k]);
 }
+
+GRADCOMP_AVX512_END
 
 }  // namespace gradcomp::inline GRADCOMP_ABI::detail
