@@ -75,11 +75,24 @@ inline void host_signs(thc_block_params const& p, std::size_t first, float* sign
 }
 
 /// This rank's rounding noise for a host block: the Philox blocks its
-/// elements [first, first + size) draw from, in one loop (which vectorizes).
+/// elements [first, first + size) draw from, in vector lanes.
 /// Element first + t takes words[(first + t) / share - first / share].
 inline void host_noise(random_stream const& mine, std::size_t first, std::size_t size, bool table, uint4x32* words) {
   std::size_t const share = thc_noise_share(table), begin = first / share, end = (first + size - 1) / share + 1;
-  for (std::size_t k = 0; k < end - begin; ++k) words[k] = mine(begin + k);
+  mine.blocks(begin, end - begin, words);
+}
+
+/// Asks for the cache lines of `bytes` from `p` on, into L2 (`write`: to be
+/// written): a block's first loads and stores otherwise wait on memory while
+/// the core idles, so each block fetches its successor's before it computes.
+/// (Into L2, not L1: L1's few outstanding misses would stall this loop.)
+inline void host_prefetch(void const* p, std::size_t bytes, bool write = false) {
+  for (std::size_t o = 0; o < bytes; o += 64) {
+    if (write)
+      __builtin_prefetch(static_cast<char const*>(p) + o, 1, 3);
+    else
+      __builtin_prefetch(static_cast<char const*>(p) + o, 0, 3);
+  }
 }
 
 /// Encode: one block from acc to lane values, keeping this rank's residual
@@ -103,6 +116,14 @@ struct thc_encode {
     float* x = buffer;  // (no __restrict: the rotations below write the block too)
     float const* sign = signs;
     float const forward = p.forward_scale(b), backward = p.backward_scale(b);
+    if (std::size_t const next = first + p.block; next < p.n) {
+      std::size_t const count = p.n - next < p.block ? p.n - next : p.block;
+      host_prefetch(gradient + next, count * sizeof(G));
+      if constexpr (decltype(e)::keeps_residual) {
+        host_prefetch(e.previous + next, count * sizeof(float));
+        host_prefetch(e.next + next, count * sizeof(float), true);
+      }
+    }
     host_signs(p, first, signs);
     for (std::size_t t = 0; t < inside; ++t) acc[t] = e.accumulate(first + t, static_cast<float>(g[t]));
     for (std::size_t t = 0; t < inside; ++t) x[t] = thc_finite_or_zero(acc[t]) * sign[t] * forward;
@@ -154,6 +175,11 @@ struct thc_decode {
   void block(std::size_t b, float* buffer, float* signs, float*, uint4x32*) const {
     std::size_t const first = b * p.block;
     float const backward = p.backward_scale(b);
+    if (std::size_t const next = first + p.block; next < p.n) {
+      std::size_t const count = p.n - next < p.block ? p.n - next : p.block;
+      host_prefetch(summed + next, p.block * sizeof(Lane));
+      host_prefetch(gradient + next, count * sizeof(G), true);
+    }
     for (std::size_t t = 0; t < p.block; ++t) dequantize(buffer, first, t);
     host_rotate(buffer, p.block, p.stages);
     host_signs(p, first, signs);
