@@ -170,14 +170,26 @@ bool two_pass_select(int threads, std::size_t n, std::size_t count, Key const& k
         next_cand += scratch[per_thread * u + bins * pass_select_copies + 1];
       }
       std::size_t const first_above = next_above, first_cand = next_cand;
-      for (i = lo; i < hi; ++i) {
-        std::uint32_t const k = key(i), b = k >> shift;
-        if (b > bin) above[next_above++] = static_cast<std::uint32_t>(i);
-        if (b == bin) {
-          cand_index[next_cand] = static_cast<std::uint32_t>(i);
-          cand_key[next_cand++] = k;
+      auto const copy_out = [&](std::size_t from, std::size_t to) {
+        for (std::size_t j = from; j < to; ++j) {
+          std::uint32_t const k = key(j), b = k >> shift;
+          if (b > bin) above[next_above++] = static_cast<std::uint32_t>(j);
+          if (b == bin) {
+            cand_index[next_cand] = static_cast<std::uint32_t>(j);
+            cand_key[next_cand++] = k;
+          }
         }
+      };
+      // Most runs of keys hold none at or above the bin: a test that
+      // vectorizes passes over them, and only the others go key by key.
+      constexpr std::size_t run = 16;
+      std::uint32_t const lowest = bin << shift;
+      for (i = lo; i + run <= hi; i += run) {
+        bool any = false;
+        for (std::size_t j = 0; j < run; ++j) any |= key(i + j) >= lowest;
+        if (any) copy_out(i, i + run);
       }
+      copy_out(i, hi);
       GRADCOMP_OMP(barrier)
       GRADCOMP_OMP(single) {  // the threshold among the candidates, and each thread's share of them
         std::size_t above_all = 0, cands = 0;

@@ -8,9 +8,10 @@
 //   3. all-gather every rank's k (index, value) pairs: n * k * (4 + value
 //      size) bytes arrive at every rank, growing with n;
 //   4. output pass: zero the gradient, e = acc [reads acc; writes g, e:
-//      12 B/element]; then, rank by rank (so every rank adds in the same
-//      order), add value / n at each gathered index; e = acc - sent at this
-//      rank's own indices.
+//      12 B/element; on the host with error feedback acc was written as e
+//      in pass 1, so this pass writes g alone]; then, rank by rank (so every
+//      rank adds in the same order), add value / n at each gathered index;
+//      e = acc - sent at this rank's own indices.
 // Values travel as acc / n (the sum is local, in float). k > d is an error;
 // k = 0 sends nothing and keeps everything in the residual.
 #pragma once
@@ -27,6 +28,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace gradcomp::inline GRADCOMP_ABI {
 namespace detail {
@@ -61,6 +63,10 @@ struct topk_reset {  // nothing sent here: output 0, everything stays behind
     g = 0.0f;
     e_next = acc;
   }
+};
+
+struct topk_zero {  // the same, with e = acc already in place
+  GRADCOMP_HOST_DEVICE void operator()(std::size_t, float& g) const { g = 0.0f; }
 };
 
 template <class W, class EF>
@@ -187,20 +193,29 @@ struct topk {
     std::size_t const d = gradient.size(), sent = ws.indices.size();
     float const ranks = static_cast<float>(ctx.ranks());
 
-    transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.acc),
+    // On the host with error feedback, acc goes straight into this step's
+    // residual (e = acc everywhere but the own indices, and a vetoed step does
+    // not commit it), so the output pass only zeroes the gradient.
+    constexpr bool acc_in_residual = std::is_same_v<memory, host_memory> && EF::bound::keeps_residual;
+    float* acc = ws.acc.data();
+    if constexpr (acc_in_residual) acc = ef.next().resolve();
+    transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(acc),
               detail::topk_accumulate{detail::mean_codec<Value>::limit(ctx.ranks())}, {.count = ctx.bad_count()});
     ctx.agree_all_finite(detail::mean_codec<Value>::out_of_range);
 
-    top_k(space, d, sent, detail::magnitude_key{ws.acc.data()},
-          detail::topk_emit<Value>{ws.acc.data(), ws.indices.data(), ws.values.data(), 1.0f / ranks}, ws.select);
+    top_k(space, d, sent, detail::magnitude_key{acc},
+          detail::topk_emit<Value>{acc, ws.indices.data(), ws.values.data(), 1.0f / ranks}, ws.select);
     ctx.all_gather(span<std::uint32_t const, memory>(ws.indices), ws.gathered_indices);
     ctx.all_gather(span<Value const, memory>(ws.values), ws.gathered_values);
 
     gate const when = ctx.output_gate();  // (a vetoed step skips the scatters too: the reset wrote or skipped all)
-    transform(space, d, inputs(ws.acc), outputs(detail::gradient_stream(gradient), ef.next()), detail::topk_reset{},
-              {.when = when});
+    if constexpr (acc_in_residual)
+      transform(space, d, inputs(), outputs(detail::gradient_stream(gradient)), detail::topk_zero{}, {.when = when});
+    else
+      transform(space, d, inputs(acc), outputs(detail::gradient_stream(gradient), ef.next()), detail::topk_reset{},
+                {.when = when});
     transform(space, sent, inputs(ws.indices, ws.values), outputs(),
-              detail::topk_keep_unsent<Value, EF>{ws.acc.data(), ef, ranks}, {.when = when});
+              detail::topk_keep_unsent<Value, EF>{acc, ef, ranks}, {.when = when});
     for (int r = 0; r < ctx.ranks(); ++r)  // rank order: the same sums on every rank
       transform(space, sent,
                 inputs(ws.gathered_indices.subspan(r * sent, sent), ws.gathered_values.subspan(r * sent, sent)),
