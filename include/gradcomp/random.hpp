@@ -129,15 +129,9 @@ class random_stream {
   void blocks(std::uint64_t first, std::size_t count, uint4x32* out) const {
     std::size_t k = 0;
 #if GRADCOMP_HOST_PHILOX_LANES > 0
-    constexpr std::size_t lanes = detail::philox_run;
     static_assert(sizeof(uint4x32) == 4 * sizeof(std::uint32_t), "blocks are stored as runs of words");
-    for (; k + lanes <= count; k += lanes) {
-      std::uint64_t const index = first + k;
-      if (index >> 32 != (index + lanes - 1) >> 32) break;  // (the index's high word changes inside: one by one)
-      detail::philox_in_lanes(key_.v[0], key_.v[1], static_cast<std::uint32_t>(index),
-                              static_cast<std::uint32_t>(index >> 32), step_, lane_,
-                              reinterpret_cast<std::uint32_t*>(out + k));
-    }
+    k = lanes<detail::philox_groups>(first, 0, count, out);
+    k = lanes<1>(first, k, count, out);  // (the rest, a vector at a time)
 #endif
     for (; k < count; ++k) out[k] = (*this)(first + k);
   }
@@ -147,6 +141,23 @@ class random_stream {
   GRADCOMP_HOST_DEVICE float uniform(std::uint64_t index) const { return to_unit_float((*this)(index).v[0]); }
 
  private:
+#if GRADCOMP_HOST_PHILOX_LANES > 0
+  // blocks() from k on, G vectors of calls at a time while whole ones fit
+  // and the index's high word stays the same; returns where it stopped.
+  template <int G>
+  std::size_t lanes(std::uint64_t first, std::size_t k, std::size_t count, uint4x32* out) const {
+    constexpr std::size_t calls = G * detail::philox_vector_calls;
+    for (; k + calls <= count; k += calls) {
+      std::uint64_t const index = first + k;
+      if (index >> 32 != (index + calls - 1) >> 32) break;  // (the high word changes inside: one by one)
+      detail::philox_in_lanes<G>(key_.v[0], key_.v[1], static_cast<std::uint32_t>(index),
+                                 static_cast<std::uint32_t>(index >> 32), step_, lane_,
+                                 reinterpret_cast<std::uint32_t*>(out + k));
+    }
+    return k;
+  }
+#endif
+
   uint2x32 key_;
   std::uint32_t step_;
   std::uint32_t lane_;

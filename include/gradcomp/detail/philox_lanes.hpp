@@ -83,15 +83,13 @@ inline void philox_store(__m256i c0, __m256i c1, __m256i c2, __m256i c3, std::ui
 #endif
 
 #if GRADCOMP_HOST_PHILOX_LANES > 0
-/// Calls at once: philox_groups vectors of philox_vector_calls.
-inline constexpr std::size_t philox_run = philox_groups * philox_vector_calls;
-
-/// The philox_run calls of the counters (index_low + j, index_high, step,
-/// lane), j < philox_run (no carry into the high word), their words to
-/// out[4 j ..]: philox4x32_10's, bit for bit.
-inline void philox_in_lanes(std::uint32_t k0, std::uint32_t k1, std::uint32_t index_low, std::uint32_t index_high,
-                            std::uint32_t step, std::uint32_t lane, std::uint32_t* out) {
-  constexpr int G = philox_groups;
+/// The G x philox_vector_calls calls of the counters (index_low + j,
+/// index_high, step, lane) (no carry into the high word), their words to
+/// out[4 j ..]: philox4x32_10's, bit for bit. G = philox_groups for long
+/// runs; G = 1 for short ones (THC's signs: 8 calls a block).
+template <int G>
+void philox_in_lanes(std::uint32_t k0, std::uint32_t k1, std::uint32_t index_low, std::uint32_t index_high,
+                     std::uint32_t step, std::uint32_t lane, std::uint32_t* out) {
   philox_vector const m0 = philox_set1(philox_multiplier0), m1 = philox_set1(philox_multiplier1);
   philox_vector c0[G], c1[G], c2[G], c3[G];  // (the loops over g unrolled, so these stay in registers)
 #pragma GCC unroll 4

@@ -65,10 +65,12 @@ struct thc_block_params {
 };
 
 /// The signs of a block into `signs`: 128 per Philox call where the block
-/// allows (B >= 128), else one call per element.
+/// allows (B >= 128; the calls in vector lanes), else one call per element.
 inline void host_signs(thc_block_params const& p, std::size_t first, float* signs) {
   if (p.block >= 128) {
-    for (std::size_t t = 0; t < p.block; t += 128) thc_signs128(p.shared, first + t, signs + t);
+    uint4x32 words[4096 / 128];  // (the largest block)
+    p.shared.blocks(first / 128, p.block / 128, words);
+    for (std::size_t t = 0; t < p.block; t += 128) thc_signs128(words[t / 128], signs + t);
   } else {
     for (std::size_t t = 0; t < p.block; ++t) signs[t] = thc_sign(p.shared, first + t);
   }

@@ -21,10 +21,9 @@ GRADCOMP_HOST_DEVICE float thc_sign(random_stream const& shared, std::size_t i) 
   return bits_float(0x3f800000u | (((word_of(words, bit / 32) >> (bit % 32)) & 1u) << 31));
 }
 
-/// The signs of elements [first, first + 128) into signs[0..128): the same
-/// values as thc_sign, one Philox call for all of them (first % 128 == 0).
-GRADCOMP_HOST_DEVICE void thc_signs128(random_stream const& shared, std::size_t first, float* signs) {
-  uint4x32 const words = shared(first / 128);
+/// The signs of elements [first, first + 128) into signs[0..128), from the
+/// words of Philox block first / 128 (first % 128 == 0): thc_sign's values.
+GRADCOMP_HOST_DEVICE void thc_signs128(uint4x32 const& words, float* signs) {
   for (unsigned w = 0; w < 4; ++w)  // word by word, bit by bit: shifts and ors, so it vectorizes
     for (unsigned bit = 0; bit < 32; ++bit)
       signs[w * 32 + bit] = bits_float(0x3f800000u | (((words.v[w] >> bit) & 1u) << 31));
