@@ -26,6 +26,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -182,6 +183,9 @@ struct topk {
     return kept(layout.size()) * (sizeof(std::uint32_t) + sizeof(Value)) * static_cast<std::size_t>(ranks);
   }
 
+  /// Elements the host zeroes with one memset.
+  static constexpr std::size_t zero_run = std::size_t{1} << 16;
+
   /// One step: gradient <- the mean over ranks of their sparse top-k vectors.
   template <class Context, gradient_element G>
   void step(Context& ctx, span<G, typename Context::memory> gradient) const {
@@ -209,9 +213,15 @@ struct topk {
     ctx.all_gather(span<Value const, memory>(ws.values), ws.gathered_values);
 
     gate const when = ctx.output_gate();  // (a vetoed step skips the scatters too: the reset wrote or skipped all)
-    if constexpr (acc_in_residual)
-      transform(space, d, inputs(), outputs(detail::gradient_stream(gradient)), detail::topk_zero{}, {.when = when});
-    else
+    if constexpr (acc_in_residual) {
+      if (detail::read_gate(when) == detail::gate_state::open)  // zero bits are 0.0 in every gradient type
+        parallel_for(space, (d + zero_run - 1) / zero_run, [g = gradient.data(), d](std::size_t r) {
+          std::size_t const first = r * zero_run, size = d - first < zero_run ? d - first : zero_run;
+          std::memset(static_cast<void*>(g + first), 0, size * sizeof(G));  // (whole lines, not read first)
+        });
+      else  // (the vetoed step's own gate: nothing, or NaN everywhere)
+        transform(space, d, inputs(), outputs(detail::gradient_stream(gradient)), detail::topk_zero{}, {.when = when});
+    } else
       transform(space, d, inputs(acc), outputs(detail::gradient_stream(gradient), ef.next()), detail::topk_reset{},
                 {.when = when});
     transform(space, sent, inputs(ws.indices, ws.values), outputs(),
