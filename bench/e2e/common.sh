@@ -93,8 +93,9 @@ shape_loopback() {
 }
 
 # Root (namespaces, tc) and the tools named; OpenBLAS's kernels (a user's
-# OPENBLAS_CORETYPE wins), into blas_env for mpiexec; then the trainer, built
-# if missing.
+# OPENBLAS_CORETYPE wins), into blas_env for mpiexec; then the trainer:
+# $GRADCOMP_TRAIN if set (a build of your own), else build/examples/train,
+# built for this machine if missing.
 prepare() {
   if [ "$(id -u)" -ne 0 ]; then
     echo "$0: needs root to create network namespaces and shape them with tc; run it with sudo" >&2
@@ -105,7 +106,11 @@ prepare() {
     command -v "$tool" >/dev/null || { echo "$0: $tool is missing (bash .ci/install-deps installs it)" >&2; exit 1; }
   done
   choose_blas_kernels
-  train=$PWD/build/examples/train
+  train=${GRADCOMP_TRAIN:-$PWD/build/examples/train}
+  if [ -n "${GRADCOMP_TRAIN:-}" ] && [ ! -x "$train" ]; then
+    echo "$0: GRADCOMP_TRAIN=$train is not an executable" >&2
+    exit 1
+  fi
   if [ ! -x "$train" ]; then
     cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_NATIVE_ARCH=ON >/dev/null
     cmake --build build --target train

@@ -17,7 +17,8 @@
 #                         [--overlap-both] [--only "NAMES"] [-- more train flags]
 #
 # Needs root (network namespaces, tc) and iproute2, OpenMPI, gnuplot; creates
-# and deletes its own namespace.
+# and deletes its own namespace. GRADCOMP_TRAIN=path runs that trainer
+# instead of build/examples/train (sudo keeps it with sudo --preserve-env).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
