@@ -15,10 +15,13 @@
 #include <cstddef>
 #include <cstdint>
 
-#if defined(__AVX512F__) && !defined(__CUDA_ARCH__)
+// (Not under nvcc, whose front end takes neither the unroll pragmas nor,
+// with every host compiler, the AVX-512 intrinsics: its host code draws one
+// call at a time, the same words.)
+#if defined(__AVX512F__) && !defined(__CUDACC__)
 #include <immintrin.h>
 #define GRADCOMP_HOST_PHILOX_LANES 16
-#elif defined(__AVX2__) && !defined(__CUDA_ARCH__)
+#elif defined(__AVX2__) && !defined(__CUDACC__)
 #include <immintrin.h>
 #define GRADCOMP_HOST_PHILOX_LANES 8
 #else
