@@ -47,6 +47,11 @@ struct thc_block_params {
   random_stream mine;    // this rank's rounding noise
   float sum_step;        // 2T / (top x n): a lane sum of n ranks' values to z, with one fused multiply-add
 
+  /// Elements of the bucket in the block that starts at `first`: B, fewer in
+  /// the last block, none in the padding after it.
+  GRADCOMP_HOST_DEVICE std::size_t inside(std::size_t first) const {
+    return first + block <= n ? block : (first < n ? n - first : 0);
+  }
   /// Coordinates of block b's group, and the group's norm (double).
   GRADCOMP_HOST_DEVICE double group_coordinates(std::size_t b) const {
     std::size_t const g = b * block / group, padded = (n + block - 1) / block * block;
@@ -111,15 +116,14 @@ struct thc_encode {
   // per 8 (uniform) or 4 (table) roundings.
   void block(std::size_t b, float* buffer, float* signs, float* accs, uint4x32* noise) const {
     std::size_t const first = b * p.block;
-    std::size_t const inside = first + p.block <= p.n ? p.block : (first < p.n ? p.n - first : 0);
+    std::size_t const inside = p.inside(first);
     auto const e = ef.bind();                  // a local copy: its pointers stay in registers, the loops vectorize
     G const* __restrict g = gradient + first;  // (only read while it lives)
     float* __restrict acc = accs;
     float* x = buffer;  // (no __restrict: the rotations below write the block too)
     float const* sign = signs;
     float const forward = p.forward_scale(b), backward = p.backward_scale(b);
-    if (std::size_t const next = first + p.block; next < p.n) {
-      std::size_t const count = p.n - next < p.block ? p.n - next : p.block;
+    if (std::size_t const next = first + p.block, count = p.inside(next); count > 0) {
       host_prefetch(gradient + next, count * sizeof(G));
       if constexpr (decltype(e)::keeps_residual) {
         host_prefetch(e.previous + next, count * sizeof(float));
@@ -177,8 +181,7 @@ struct thc_decode {
   void block(std::size_t b, float* buffer, float* signs, float*, uint4x32*) const {
     std::size_t const first = b * p.block;
     float const backward = p.backward_scale(b);
-    if (std::size_t const next = first + p.block; next < p.n) {
-      std::size_t const count = p.n - next < p.block ? p.n - next : p.block;
+    if (std::size_t const next = first + p.block, count = p.inside(next); count > 0) {
       host_prefetch(summed + next, p.block * sizeof(Lane));
       host_prefetch(gradient + next, count * sizeof(G), true);
     }
@@ -188,8 +191,7 @@ struct thc_decode {
     G* __restrict out = gradient + first;
     float const* __restrict x = buffer;
     float const* __restrict sign = signs;
-    std::size_t const inside =
-        first + p.block <= p.n ? p.block : (first < p.n ? p.n - first : 0);  // (a count: it vectorizes)
+    std::size_t const inside = p.inside(first);  // (a count: the loop vectorizes)
     for (std::size_t t = 0; t < inside; ++t) out[t] = G(thc_restore(x[t], backward, sign[t]));
   }
   GRADCOMP_HOST_DEVICE void dequantize(float* buffer, std::size_t first, std::size_t t) const {
