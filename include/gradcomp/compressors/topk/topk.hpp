@@ -26,7 +26,6 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -183,9 +182,6 @@ struct topk {
     return kept(layout.size()) * (sizeof(std::uint32_t) + sizeof(Value)) * static_cast<std::size_t>(ranks);
   }
 
-  /// Elements the host zeroes with one memset.
-  static constexpr std::size_t zero_run = std::size_t{1} << 16;
-
   /// One step: gradient <- the mean over ranks of their sparse top-k vectors.
   template <class Context, gradient_element G>
   void step(Context& ctx, span<G, typename Context::memory> gradient) const {
@@ -215,10 +211,7 @@ struct topk {
     gate const when = ctx.output_gate();  // (a vetoed step skips the scatters too: the reset wrote or skipped all)
     if constexpr (acc_in_residual) {
       if (detail::read_gate(when) == detail::gate_state::open)  // zero bits are 0.0 in every gradient type
-        parallel_for(space, (d + zero_run - 1) / zero_run, [g = gradient.data(), d](std::size_t r) {
-          std::size_t const first = r * zero_run, size = d - first < zero_run ? d - first : zero_run;
-          std::memset(static_cast<void*>(g + first), 0, size * sizeof(G));  // (whole lines, not read first)
-        });
+        space.fill_zero(gradient.data(), d * sizeof(G));
       else  // (the vetoed step's own gate: nothing, or NaN everywhere)
         transform(space, d, inputs(), outputs(detail::gradient_stream(gradient)), detail::topk_zero{}, {.when = when});
     } else
