@@ -33,8 +33,7 @@ TEST_CASE("host_space::fill_zero zeroes exactly the bytes asked for") {
       std::vector<unsigned char> memory(bytes + 2 * pad, 0xab);
       space.fill_zero(memory.data() + pad, bytes);
       std::size_t wrong = 0;
-      for (std::size_t i = 0; i < memory.size(); ++i)
-        wrong += memory[i] != (i >= pad && i < pad + bytes ? 0x00 : 0xab);
+      for (std::size_t i = 0; i < memory.size(); ++i) wrong += memory[i] != (i >= pad && i < pad + bytes ? 0x00 : 0xab);
       CHECK(wrong == 0);
     }
   }
