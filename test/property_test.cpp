@@ -308,6 +308,23 @@ TEST_CASE("what one rank cannot use fails on every rank, and nobody hangs") {
                                         r({g.data(), g.size()});
                                       }),
                   "a gradient of the wrong length on one rank");
+  expect_all_fail(mpi_like_group::run(3,
+                                      [](comm_t& comm) {
+                                        host_reducer<bf16, error_feedback::residual, comm_t> r(
+                                            bf16{}, comm, bucket_layout(1000), host_space{}, {.warmup_steps = 1});
+                                        std::vector<float> g(comm.rank() == 1 ? 1001 : 1000, 1.0f);
+                                        r({g.data(), g.size()});
+                                      }),
+                  "a gradient of the wrong length on one rank, in warm-up");
+  expect_all_fail(mpi_like_group::run(3,
+                                      [](comm_t& comm) {
+                                        host_reducer<fp16, error_feedback::none, comm_t> r(
+                                            fp16{}, comm, bucket_layout(1000), host_space{});
+                                        auto g = random_gradient(5, comm.rank(), 1000);
+                                        if (comm.rank() == 0) g[999] = std::numeric_limits<float>::infinity();
+                                        r({g.data(), g.size()});
+                                      }),
+                  "an infinity on one rank, through fp16");
   expect_all_fail(mpi_like_group::run(4,
                                       [](comm_t& comm) {
                                         host_reducer<intsgd<>, error_feedback::residual, comm_t> r(
@@ -324,6 +341,62 @@ TEST_CASE("what one rank cannot use fails on every rank, and nobody hangs") {
     r({g.data(), g.size()});
   });
   for (auto const& e : fine) CHECK(message_of(e) == "");
+}
+
+// On the host a cast's step is one all-reduce: its agreement rides in the
+// payload, two lanes after the bucket's elements. Ranks that refuse or find
+// bad values are counted in those lanes, and every rank fails the step.
+TEST_CASE("on the host a cast's agreement rides in its payload's all-reduce") {
+  std::size_t const d = 1000;
+  auto calls_of_a_step = [&](auto compressor, auto aggregator, std::uint64_t warmup) {
+    dry_run<> dry(0, 4);
+    allreducer<decltype(compressor), error_feedback::residual, dry_run<>, decltype(aggregator), host_space> r(
+        compressor, dry, bucket_layout(d), host_space{}, {.warmup_steps = warmup});
+    dry.clear();
+    auto g = random_gradient(6, 0, d);
+    r({g.data(), d});
+    return dry.calls();
+  };
+  using calls = std::vector<collective_call>;
+  CHECK(calls_of_a_step(bf16{}, allreduce_aggregator{}, 0) ==
+        calls{{collective_op::all_reduce, dtype::bfloat16, d + 2}});
+  CHECK(calls_of_a_step(fp16{}, allreduce_aggregator{}, 0) ==
+        calls{{collective_op::all_reduce, dtype::float16, d + 2}});
+  CHECK(calls_of_a_step(bf16{}, allreduce_aggregator{}, 1) ==
+        calls{{collective_op::all_reduce, dtype::float32, d + 2}});
+  CHECK(calls_of_a_step(bf16{}, allgather_aggregator{}, 0) ==
+        calls{{collective_op::all_reduce, dtype::uint64, 1}, {collective_op::all_gather, dtype::bfloat16, d}});
+
+  // Two ranks of four find bad values, or one refuses: all four learn how many.
+  auto what_of = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (std::exception const& e) {
+      return e.what();
+    }
+    return "(nothing thrown)";
+  };
+  std::vector<std::string> messages(4);
+  local_group::run(4, [&](local_group::communicator& comm) {
+    host_reducer<bf16, error_feedback::residual, local_group::communicator> r(bf16{}, comm, bucket_layout(d),
+                                                                              host_space{});
+    auto g = random_gradient(7, comm.rank(), d), before = g;
+    if (comm.rank() % 2 == 1) g[comm.rank()] = g[d - 1] = std::numeric_limits<float>::quiet_NaN();
+    auto const bad = g;
+    messages[static_cast<std::size_t>(comm.rank())] = what_of([&] { r({g.data(), d}); });
+    CHECK(std::memcmp(g.data(), bad.data(), d * sizeof(float)) == 0);  // the gradient as it was
+    std::vector<float> wrong(comm.rank() == 2 ? d - 1 : d, 1.0f);
+    std::string const refused = what_of([&] { r({wrong.data(), wrong.size()}); });
+    CHECK(refused.find(comm.rank() == 2 ? "999 elements" : "1 rank(s) refused") != std::string::npos);
+    CHECK(r.steps() == 0);
+    r({before.data(), d});  // and the next step works
+    CHECK(r.steps() == 1);
+  });
+  for (int rank = 0; rank < 4; ++rank) {
+    INFO(messages[static_cast<std::size_t>(rank)]);
+    CHECK(messages[static_cast<std::size_t>(rank)].find("on 2 rank(s) (" + std::to_string(rank % 2 == 1 ? 2 : 0) +
+                                                        " on rank " + std::to_string(rank) + ")") != std::string::npos);
+  }
 }
 
 TEST_CASE("sizes that would wrap are refused with a clear error") {

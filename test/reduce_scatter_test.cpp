@@ -82,7 +82,8 @@ TEST_CASE("element-aligned payloads travel by one reduce-scatter: half the bytes
     std::vector<float> shard(rs.shard_size());
     rs({g.data(), d}, {shard.data(), shard.size()});
     ar({h.data(), d});
-    CHECK(ar.wire_bytes() == d * sizeof(bfloat16) + 8);  // the payload and the step's agreement
+    // The payload and the step's agreement (in the all-reduce's payload, two bf16 lanes).
+    CHECK(ar.wire_bytes() == (d + agreement_lanes) * sizeof(bfloat16));
     CHECK(rs.wire_bytes() == d * sizeof(bfloat16) / 2 + 8);
   });
 }

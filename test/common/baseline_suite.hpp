@@ -339,7 +339,8 @@ TEST_CASE_TEMPLATE_DEFINE("wrong lengths are refused and empty buckets are no-op
 
 // Wire bytes are counted as the collectives are called, and match what the
 // compressor predicts: bf16 is half of fp32, all-gather n times all-reduce,
-// plus the 8-byte agreement on bad values (under either policy).
+// plus the agreement on bad values (under either policy): 8 bytes, or on a
+// host space, where it rides in an all-reduced payload, two more elements.
 TEST_CASE_TEMPLATE_DEFINE("wire bytes are counted and match the prediction", Setup, wire_bytes) {
   using namespace gradcomp;
   using namespace gradcomp::testing;
@@ -349,17 +350,23 @@ TEST_CASE_TEMPLATE_DEFINE("wire bytes are counted and match the prediction", Set
     auto const space = Setup::make_space();
     std::size_t const d = 1234;
     int const n = comm.size();
-    auto measure = [&](auto compressor, auto aggregator, nonfinite_policy policy) {
+    auto agreement = [](auto aggregator, std::size_t lane_bytes) -> std::size_t {
+      bool const in_payload = std::is_same_v<typename space_t::memory, host_memory> &&
+                              std::is_same_v<decltype(aggregator), allreduce_aggregator>;
+      return in_payload ? agreement_lanes * lane_bytes : 8;
+    };
+    auto measure = [&](auto compressor, auto aggregator, nonfinite_policy policy, std::size_t lane_bytes) {
       allreducer<decltype(compressor), error_feedback::none, collective_t, decltype(aggregator), space_t> reducer(
           compressor, comm, bucket_layout(d), space, {.nonfinite = policy});
       auto g = upload(space, std::vector<float>(d, 1.0f));
       reducer(g.view());
-      CHECK(reducer.wire_bytes() == compressor.template wire_bytes<decltype(aggregator)>(reducer.layout(), n) + 8);
-      return reducer.wire_bytes();
+      CHECK(reducer.wire_bytes() == compressor.template wire_bytes<decltype(aggregator)>(reducer.layout(), n) +
+                                        agreement(aggregator, lane_bytes));
+      return reducer.wire_bytes() - agreement(aggregator, lane_bytes);
     };
-    CHECK(measure(fp32{}, allreduce_aggregator{}, nonfinite_policy::propagate) == d * 4 + 8);
-    CHECK(measure(bf16{}, allreduce_aggregator{}, nonfinite_policy::propagate) == d * 2 + 8);
-    CHECK(measure(fp16{}, allreduce_aggregator{}, nonfinite_policy::raise) == d * 2 + 8);
-    CHECK(measure(bf16{}, allgather_aggregator{}, nonfinite_policy::propagate) == d * 2 * n + 8);
+    CHECK(measure(fp32{}, allreduce_aggregator{}, nonfinite_policy::propagate, 4) == d * 4);
+    CHECK(measure(bf16{}, allreduce_aggregator{}, nonfinite_policy::propagate, 2) == d * 2);
+    CHECK(measure(fp16{}, allreduce_aggregator{}, nonfinite_policy::raise, 2) == d * 2);
+    CHECK(measure(bf16{}, allgather_aggregator{}, nonfinite_policy::propagate, 2) == d * 2 * n);
   });
 }

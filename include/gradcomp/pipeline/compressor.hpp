@@ -89,10 +89,11 @@ using archetype_context = step_context<host_space, detail::archetype_collective,
 /// - carve<Aggregator>(carver, layout, ranks) takes its workspace pieces
 ///   (called once to measure, then each step to carve);
 /// - wire_bytes<Aggregator>(layout, ranks) predicts what a step puts on the
-///   wire (beyond the 8-byte agreement), counted as step_context counts it;
+///   wire (beyond the agreement), counted as step_context counts it;
 /// - step(ctx, gradient) turns gradient into the rank-mean of the decoded
 ///   payloads: it counts bad values into ctx.bad_count(), calls
-///   ctx.agree_all_finite() before writing anything that outlives the step,
+///   ctx.agree_all_finite() (or, declaring `carries_agreement`,
+///   ctx.agree_and_aggregate()) before writing anything that outlives the step,
 ///   gates those passes with ctx.output_gate() / ctx.state_gate(), and
 ///   writes every element's next residual through ctx.error_feedback().
 ///

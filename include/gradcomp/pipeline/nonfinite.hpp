@@ -3,7 +3,10 @@
 // A step's passes count this rank's bad values (NaN, infinity, or a value
 // its wire lane cannot carry) into a status word; one 8-byte all-reduce
 // (the agreement) sums them over the ranks into the step's veto, which is
-// then the same on every rank. The passes that write the output and the
+// then the same on every rank. On a host space a compressor whose payload
+// sums element by element (the casts) carries the agreement in that
+// payload's all-reduce instead, as two more elements: one round trip fewer
+// (step_context::agree_and_aggregate). The passes that write the output and the
 // state kept across steps are gated on the veto, and the step's commit (the
 // error-feedback side flip) happens only when it is zero. All of this
 // stays where the data is: on a GPU nothing waits for the host.
@@ -28,7 +31,8 @@ namespace gradcomp::inline GRADCOMP_ABI {
 /// for the compressor's wire lane. Either way every rank takes the same
 /// decision, and a bad step commits nothing: the error-feedback residual and
 /// the compressor's state (PowerSGD's Q, IntSGD's running norm) stay as they
-/// were. Either way costs an 8-byte all-reduce per step, and no wait.
+/// were. Either way costs an 8-byte all-reduce per step (or two elements of
+/// the payload: see above), and no wait.
 enum class nonfinite_policy {
   /// Every rank throws gradcomp::nonfinite_error and the gradient is left as
   /// it was: on the host from that call, on the CUDA space from the next
@@ -38,6 +42,10 @@ enum class nonfinite_policy {
   /// scaler sees it and skips the step) and the state is left as it was.
   propagate,
 };
+
+/// Elements a payload holds after the bucket's when it carries the step's
+/// agreement (step_context::agree_and_aggregate).
+inline constexpr std::size_t agreement_lanes = 2;
 
 namespace detail {
 
@@ -59,6 +67,11 @@ inline constexpr std::uint64_t fault_bit = std::uint64_t{1} << 63;
 /// to the agreement in place of a count: every rank then fails the step
 /// instead of waiting for it (bad-value counts stay far below this).
 inline constexpr std::uint64_t refusal = std::uint64_t{1} << 48;
+
+/// Set in a veto that counts the ranks that found bad values rather than the
+/// values (an agreement carried in a 16-bit payload cannot sum counts
+/// exactly; the values are counted on each rank).
+inline constexpr std::uint64_t ranks_counted = std::uint64_t{1} << 47;
 
 /// True when a veto says the ranks were inconsistent rather than that some
 /// values were bad.
@@ -89,8 +102,11 @@ inline void throw_step_failure(std::uint64_t veto_word, std::uint64_t local, int
     throw collective_error(std::to_string(veto_word / refusal) +
                            " rank(s) refused this step (a gradient of the wrong length); every rank skipped it and "
                            "kept its state");
-  throw nonfinite_error(std::to_string(veto_word) + " value(s) of g + e across the ranks (" + std::to_string(local) +
-                        " on rank " + std::to_string(rank) + ") were " + (what != nullptr ? what : "NaN or infinite") +
+  std::string const total = (veto_word & ranks_counted) != 0
+                                ? "value(s) of g + e on " + std::to_string(veto_word & ~ranks_counted) + " rank(s) ("
+                                : std::to_string(veto_word) + " value(s) of g + e across the ranks (";
+  throw nonfinite_error(total + std::to_string(local) + " on rank " + std::to_string(rank) + ") were " +
+                        (what != nullptr ? what : "NaN or infinite") +
                         "; every rank skipped this step and kept its gradient and error-feedback state");
 }
 

@@ -29,6 +29,12 @@ struct element_range {
   std::size_t count = 0;  ///< How many.
 };
 
+/// A compressor whose step's first collective carries the agreement
+/// (step_context::agree_and_aggregate): it declares
+/// `static constexpr bool carries_agreement = true`.
+template <class C>
+concept agreement_carrier = C::carries_agreement;
+
 /// Everything one step of a compressor sees: where to run, whom to talk to,
 /// the error-feedback view, the bucket, its workspace and resources, the
 /// step's status words and its random streams. Collective calls go through
@@ -167,6 +173,59 @@ class step_context {
         detail::throw_step_failure(p_.status[detail::veto], p_.status[detail::local_bad], rank(), what_);
   }
 
+  /// Whether this step's agreement rides in its payload (agree_and_aggregate):
+  /// on a host space, where each collective is a round trip of its own that
+  /// costs as much as a small bucket's payload (on a device the agreement is
+  /// one more small kernel on the stream); when the step all-reduces the
+  /// whole bucket over a group whose all-reduce is the whole world's (a rail
+  /// of a hierarchy agrees over the world instead).
+  bool agreement_in_payload() const {
+    if constexpr (std::is_same_v<memory, host_memory> && std::is_same_v<Aggregator, allreduce_aggregator> &&
+                  !requires(std::uint64_t * w) { p_.collective.agree(w, w); })
+      return p_.output == step_output::whole_bucket;
+    else
+      return false;
+  }
+
+  /// agree_all_finite(what), then aggregate_elementwise() of the payload's
+  /// first layout().size() elements, in one all-reduce where
+  /// agreement_in_payload(): the payload's last agreement_lanes elements
+  /// then carry whether this rank found bad values and whether it refuses
+  /// the step, summed with it (a 16-bit lane cannot sum counts exactly, so
+  /// the veto then counts ranks, marked detail::ranks_counted). Only a
+  /// compressor that declares `carries_agreement` calls this, so that a
+  /// rank refusing the step takes part in the same all-reduce (refuse()).
+  template <class Compressor, class T>
+  void agree_and_aggregate(Compressor const&, span<T, memory> payload, span<std::byte, memory> scratch,
+                           char const* what) {
+    static_assert(agreement_carrier<Compressor>, "agree_and_aggregate: the compressor must declare carries_agreement");
+    GRADCOMP_EXPECTS(payload.size() == p_.layout.size() + agreement_lanes,
+                     "agree_and_aggregate: the payload holds the bucket's elements and agreement_lanes more");
+    if (!agreement_in_payload()) {
+      agree_all_finite(what);
+      aggregate_elementwise(payload.subspan(0, p_.layout.size()), scratch);
+      return;
+    }
+    what_ = what;
+    aggregate_with_agreement(payload);
+    if ((p_.policy == nonfinite_policy::raise && p_.status[detail::veto] != 0) ||
+        detail::is_fault(p_.status[detail::veto]))
+      detail::throw_step_failure(p_.status[detail::veto], p_.status[detail::local_bad], rank(), what_);
+  }
+
+  /// A step this rank refuses (its gradient is unusable): takes part in the
+  /// step's first collective, the agreement, with a veto that makes every
+  /// rank fail the step instead of waiting for it. `c` is the compressor the
+  /// step would have run.
+  template <class Compressor>
+  void refuse(Compressor const& c) {
+    std::uint64_t const words[2] = {detail::refusal, 0};
+    p_.space.from_host(p_.status, words, sizeof words);
+    if constexpr (agreement_carrier<Compressor>)
+      if (agreement_in_payload()) return aggregate_with_agreement(carve(c).payload);
+    detail::agree_sum(p_.collective, p_.status + detail::local_bad, p_.status + detail::veto);
+  }
+
   /// The gate of a pass that writes the step's output: closed when the step
   /// was vetoed (raise: the gradient stays as it was), poisoned under
   /// nonfinite_policy::propagate (the output becomes NaN).
@@ -206,6 +265,23 @@ class step_context {
   std::uint32_t own_lane() const { return static_cast<std::uint32_t>(rank()); }
 
  private:
+  // The all-reduce of agree_and_aggregate where the agreement rides in the
+  // payload (host memory): this rank's marks in, every rank's veto out.
+  template <class T>
+  void aggregate_with_agreement(span<T, memory> payload) {
+    if constexpr (std::is_same_v<memory, host_memory>) {
+      std::uint64_t const local = p_.status[detail::local_bad];
+      T* const lanes = payload.data() + p_.layout.size();
+      lanes[0] = T(local != 0 && local < detail::refusal ? 1.0f : 0.0f);
+      lanes[1] = T(local >= detail::refusal ? 1.0f : 0.0f);
+      all_reduce(payload, reduce_op::sum);
+      // Sums of ones never round to zero, so every rank's mark is seen.
+      auto const marked = [](T v) { return static_cast<std::uint64_t>(static_cast<float>(v)); };
+      std::uint64_t const refusing = marked(lanes[1]), bad = marked(lanes[0]);
+      p_.status[detail::veto] = refusing != 0 ? refusing * detail::refusal : bad != 0 ? detail::ranks_counted | bad : 0;
+    }
+  }
+
   parts p_;
   std::size_t wire_bytes_ = 0;
   char const* what_ = nullptr;

@@ -247,26 +247,34 @@ class bucket_engine {
   using context = step_context<Space, Collective, Aggregator, typename ErrorFeedback::ref, resources_type>;
   using warmup_context = step_context<Space, Collective, allreduce_aggregator, error_feedback::none::ref, no_resources>;
 
+  // The frame of a warm-up step (the compressor's state and the residual stay zero).
+  typename warmup_context::parts warmup_frame() {
+    return {space_,       *collective_,       {},     layout_, workspace_.view(), status_.data(), no_resources_, step_,
+            bucket_seed_, options_.nonfinite, output_};
+  }
+  // The frame of a compressor step.
+  typename context::parts frame() {
+    return {space_,
+            *collective_,
+            ef_->view(),
+            layout_,
+            workspace_.view(),
+            status_.data(),
+            *resources_,
+            warmup_.compressor_step(step_),
+            bucket_seed_,
+            options_.nonfinite,
+            output_};
+  }
+
   template <gradient_element G>
   void run(span<G, memory> gradient) {
     space_.fill_zero(status_.data(), 2 * sizeof(std::uint64_t));  // this rank's count and the veto
     bool const warm = warmup_.active(step_);
-    if (warm) {  // the compressor's state and the residual stay zero
-      report_ = warmup_.step(typename warmup_context::parts{space_,
-                                                            *collective_,
-                                                            {},
-                                                            layout_,
-                                                            workspace_.view(),
-                                                            status_.data(),
-                                                            no_resources_,
-                                                            step_,
-                                                            bucket_seed_,
-                                                            options_.nonfinite,
-                                                            output_},
-                             gradient);
+    if (warm) {
+      report_ = warmup_.step(warmup_frame(), gradient);
     } else {
-      context ctx({space_, *collective_, ef_->view(), layout_, workspace_.view(), status_.data(), *resources_,
-                   warmup_.compressor_step(step_), bucket_seed_, options_.nonfinite, output_});
+      context ctx(frame());
       compressor_.step(ctx, gradient);
       report_ = {ctx.wire_bytes(), ctx.what()};
     }
@@ -283,9 +291,12 @@ class bucket_engine {
   // rather than wait for it; then it throws.
   [[noreturn]] void refuse(std::string const& why) {
     if (layout_.size() != 0) {  // (an empty bucket's step has no collective to take part in)
-      std::uint64_t const words[2] = {detail::refusal, 0};
-      space_.from_host(status_.data(), words, sizeof words);
-      detail::agree_sum(*collective_, status_.data(), status_.data() + detail::veto);
+      if (warmup_.active(step_)) {
+        warmup_.refuse(warmup_frame());
+      } else {
+        context ctx(frame());
+        ctx.refuse(compressor_);
+      }
     }
     throw invalid_argument(why);
   }

@@ -104,18 +104,21 @@ struct cast {
   /// No parameters beyond the wire type.
   std::uint64_t fingerprint() const { return detail::hash(name); }
 
+  /// The step's agreement can ride in the payload's all-reduce.
+  static constexpr bool carries_agreement = true;
+
   /// Workspace: the payload and the aggregator's scratch.
   template <class Memory>
   struct workspace {
-    span<W, Memory> payload;          ///< The message.
+    span<W, Memory> payload;          ///< The message, and the agreement's lanes after it.
     span<std::byte, Memory> scratch;  ///< For all-gather aggregation.
   };
 
   /// Takes the workspace pieces (measures when the carver is empty).
   template <class Aggregator, class Memory>
   workspace<Memory> carve(workspace_carver<Memory>& w, bucket_layout const& layout, int ranks) const {
-    auto payload = w.template take<W>(layout.size());
-    return {payload, w.template take<std::byte>(Aggregator::scratch_bytes(payload.size_bytes(), ranks))};
+    auto payload = w.template take<W>(layout.size() + agreement_lanes);
+    return {payload, w.template take<std::byte>(Aggregator::scratch_bytes(layout.size() * sizeof(W), ranks))};
   }
 
   /// d * sizeof(W) bytes (all-reduce), n times that (all-gather).
@@ -139,8 +142,7 @@ struct cast {
     else
       transform(ctx.space(), gradient.size(), inputs(detail::gradient_stream(gradient)), outputs(wire),
                 detail::cast_scale<W>{inverse, limit}, {.count = ctx.bad_count()});
-    ctx.agree_all_finite(detail::mean_codec<W>::out_of_range);
-    ctx.aggregate_elementwise(ws.payload, ws.scratch);
+    ctx.agree_and_aggregate(*this, ws.payload, ws.scratch, detail::mean_codec<W>::out_of_range);
     auto const [first, count] = ctx.output_range();
     transform(ctx.space(), count, inputs(detail::gradient_stream(ws.payload, first)),
               outputs(detail::gradient_stream(gradient.subspan(first, count))), detail::cast_decode{},

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 namespace gradcomp::inline GRADCOMP_ABI::detail {
 
@@ -63,14 +64,30 @@ class warmup {
   /// workspace, of which this takes its part.
   template <class Frame, class Gradient>
   step_report step(Frame frame, span<Gradient, memory> gradient) {
-    using collective = std::remove_reference_t<decltype(frame.collective)>;
-    frame.workspace = frame.workspace.subspan(offset_, frame.workspace.size() - offset_);
-    step_context<Space, collective, allreduce_aggregator, error_feedback::none::ref, no_resources> ctx(frame);
+    context_of<Frame> ctx(own_part(frame));
     fp32_.step(ctx, gradient);
     return {ctx.wire_bytes(), ctx.what()};
   }
 
+  /// A warm-up step this rank refuses (step_context::refuse).
+  template <class Frame>
+  void refuse(Frame frame) {
+    context_of<Frame> ctx(own_part(frame));
+    ctx.refuse(fp32_);
+  }
+
  private:
+  template <class Frame>
+  using context_of = step_context<Space, std::remove_reference_t<decltype(std::declval<Frame&>().collective)>,
+                                  allreduce_aggregator, error_feedback::none::ref, no_resources>;
+
+  // The frame narrowed to the warm-up's part of the workspace.
+  template <class Frame>
+  Frame own_part(Frame frame) const {
+    frame.workspace = frame.workspace.subspan(offset_, frame.workspace.size() - offset_);
+    return frame;
+  }
+
   std::uint64_t steps_;
   std::size_t offset_ = 0;  // where its workspace starts
   fp32 fp32_{};
