@@ -67,11 +67,19 @@ for script in bench/e2e/run.sh bench/e2e/two_nodes.sh; do
   expect "$script passes the BLAS kernels to mpiexec" "$got" yes
 done
 
-# Every --only list in the docs names known compressors.
+# Every --only list in the docs names known compressors (torch.sh's: its hooks).
 docs=(README.md bench/e2e/results/README.md)
-while read -r names; do
-  (check_names "$names") || failures=$((failures + 1))
-done < <(cat "${docs[@]}" | grep -o -- '--only "[^"]*"' | sed 's/--only "\(.*\)"/\1/')
+torch_hooks=$(sed -n '/^hooks=(/,/^)/p' bench/e2e/torch.sh | grep -o '"[^|"]*|' | tr -d '"|')
+while read -r line; do
+  names=$(grep -o -- '--only "[^"]*"' <<< "$line" | sed 's/--only "\(.*\)"/\1/')
+  if [[ $line == *bench/e2e/torch.sh* ]]; then
+    for name in $names; do
+      grep -qxF -- "$name" <<< "$torch_hooks" || { echo "FAIL: torch.sh has no hook '$name'"; failures=$((failures + 1)); }
+    done
+  else
+    (check_names "$names") || failures=$((failures + 1))
+  fi
+done < <(cat "${docs[@]}" | grep -- '--only "[^"]*"')
 [ "$(cat "${docs[@]}" | grep -c -- '--only "')" -gt 0 ] && got=yes || got=no
 expect "the docs have --only lists to check" "$got" yes
 
