@@ -6,10 +6,10 @@
 // then the same on every rank. On a host space a compressor whose payload
 // sums element by element (the casts) carries the agreement in that
 // payload's all-reduce instead, as two more elements: one round trip fewer
-// (step_context::agree_and_aggregate). The passes that write the output and the
-// state kept across steps are gated on the veto, and the step's commit (the
-// error-feedback side flip) happens only when it is zero. All of this
-// stays where the data is: on a GPU nothing waits for the host.
+// (step_context::agree_and_aggregate). The passes that write the output
+// and the state kept across steps are gated on the veto, and the step's
+// commit (the error-feedback side flip) happens only when it is zero. All
+// of this stays where the data is: on a GPU nothing waits for the host.
 //
 // The host space raises at once, from the step itself. The CUDA space
 // copies the verdict to page-locked memory at the end of the step and
