@@ -53,6 +53,21 @@ struct slow_link {
   }
 };
 
+// Whether sleeps and spins keep their time here: not under ThreadSanitizer,
+// whose scheduling of the two ranks' threads has put the fit 25% off on a
+// busy 2-core machine (the fit is still checked to be every rank's).
+#if defined(__SANITIZE_THREAD__)
+constexpr bool faithful_timing = false;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr bool faithful_timing = false;
+#else
+constexpr bool faithful_timing = true;
+#endif
+#else
+constexpr bool faithful_timing = true;
+#endif
+
 }  // namespace
 
 TEST_CASE("the network's fit recovers a known latency and bandwidth within 5%, the same on every rank") {
@@ -62,10 +77,11 @@ TEST_CASE("the network's fit recovers a known latency and bandwidth within 5%, t
     slow_link link{&comm, latency, per_byte};
     models[static_cast<std::size_t>(comm.rank())] = measure_network(
         link, host_space{}, {{collective_op::all_reduce, dtype::float32}, {collective_op::all_gather, dtype::int8}},
-        {.sizes = {8, 16 << 10, 40 << 10}, .repeats = 3});
+        {.sizes = {8, 16 << 10, 40 << 10}, .repeats = 5});
   });
   for (auto const& l : models[0].links) {
     INFO(std::string(name_of(l.op)) << " " << name_of(l.type));
+    if (!faithful_timing) break;
     CHECK(std::fabs(l.fit.latency - latency) <= 0.05 * latency);
     CHECK(std::fabs(l.fit.seconds_per_byte - per_byte) <= 0.05 * per_byte);
   }
