@@ -167,10 +167,7 @@ class step_context {
     what_ = what;
     detail::agree_sum(p_.collective, p_.status + detail::local_bad, p_.status + detail::veto);
     wire_bytes_ += sizeof(std::uint64_t);
-    if constexpr (std::is_same_v<memory, host_memory>)
-      if ((p_.policy == nonfinite_policy::raise && p_.status[detail::veto] != 0) ||
-          detail::is_fault(p_.status[detail::veto]))
-        detail::throw_step_failure(p_.status[detail::veto], p_.status[detail::local_bad], rank(), what_);
+    raise_on_veto();
   }
 
   /// Whether this step's agreement rides in its payload (agree_and_aggregate):
@@ -208,9 +205,7 @@ class step_context {
     }
     what_ = what;
     aggregate_with_agreement(payload);
-    if ((p_.policy == nonfinite_policy::raise && p_.status[detail::veto] != 0) ||
-        detail::is_fault(p_.status[detail::veto]))
-      detail::throw_step_failure(p_.status[detail::veto], p_.status[detail::local_bad], rank(), what_);
+    raise_on_veto();
   }
 
   /// A step this rank refuses (its gradient is unusable): takes part in the
@@ -265,6 +260,15 @@ class step_context {
   std::uint32_t own_lane() const { return static_cast<std::uint32_t>(rank()); }
 
  private:
+  // After an agreement: on the host, every rank throws from it under
+  // nonfinite_policy::raise, or when the ranks were inconsistent.
+  void raise_on_veto() const {
+    if constexpr (std::is_same_v<memory, host_memory>)
+      if ((p_.policy == nonfinite_policy::raise && p_.status[detail::veto] != 0) ||
+          detail::is_fault(p_.status[detail::veto]))
+        detail::throw_step_failure(p_.status[detail::veto], p_.status[detail::local_bad], rank(), what_);
+  }
+
   // The all-reduce of agree_and_aggregate where the agreement rides in the
   // payload (host memory): this rank's marks in, every rank's veto out.
   template <class T>
