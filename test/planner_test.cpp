@@ -56,14 +56,8 @@ struct slow_link {
 // Whether sleeps and spins keep their time here: not under ThreadSanitizer,
 // whose scheduling of the two ranks' threads has put the fit 25% off on a
 // busy 2-core machine (the fit is still checked to be every rank's).
-#if defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_THREAD__)  // (as property_test.cpp detects it: CI's TSan build is GCC's)
 constexpr bool faithful_timing = false;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-constexpr bool faithful_timing = false;
-#else
-constexpr bool faithful_timing = true;
-#endif
 #else
 constexpr bool faithful_timing = true;
 #endif
