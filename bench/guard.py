@@ -42,7 +42,7 @@ ROWS = [
     ("fp16", M1, None, None),
     ("fp16", M64, 0.30, 0.45),
     ("topkc:fraction=0.01", M64, 0.18, 0.30),
-    ("topk:fraction=0.01", M64, 0.04, 0.15),
+    ("topk:fraction=0.01", M64, 0.15, 0.15),
     ("thc:bits=4,block=1024", M64, 0.07, 0.20),
     ("intsgd", M64, 0.05, 0.25),
     ("global_randk:bits=4,k=10000", M64, 0.07, 0.25),

@@ -38,3 +38,63 @@ TEST_CASE("host_space::fill_zero zeroes exactly the bytes asked for") {
     }
   }
 }
+
+// The host top_k's selections on inputs large enough for the sampled one:
+// each path equal to a brute-force sort wherever it answers, over one to four
+// slots (threads' shares), and the sampled one declining, having written
+// nothing, where its sample misleads it (the large keys hidden between its
+// runs; a quarter of the keys equal, more than a slot's share of the room).
+TEST_CASE("the host top_k's sampled and two-pass selections equal a brute-force sort") {
+  using namespace gradcomp;
+  using namespace gradcomp::testing;
+  std::mt19937 rng(std::random_device{}());
+  std::size_t const n = (std::size_t{1} << 20) + 4099;
+  enum class kind { magnitudes, few_values, hidden_from_sample, quarter_equal };
+  for (kind shape : {kind::magnitudes, kind::few_values, kind::hidden_from_sample, kind::quarter_equal}) {
+    std::vector<std::uint32_t> keys(n);
+    std::normal_distribution<float> normal;
+    for (auto& k : keys)
+      k = shape == kind::magnitudes ? detail::float_bits(std::fabs(normal(rng))) : rng() % 5000u * 65599u;
+    if (shape == kind::magnitudes)
+      for (std::size_t i = 7; i < n; i += 11) keys[i] = keys[i - 7];
+    if (shape == kind::hidden_from_sample) {  // the sample's keys large, and a key in 97 elsewhere larger still
+      for (std::size_t i = 0; i < n; ++i) keys[i] = i % 97 == 0 ? (1u << 31) + rng() % (1u << 30) : rng() % (1u << 20);
+      for (std::size_t r = 0; r < detail::sample_runs; ++r) {
+        std::size_t const start = (n - detail::sample_run) * r / (detail::sample_runs - 1);
+        for (std::size_t j = 0; j < detail::sample_run; ++j) keys[start + j] = (1u << 30) + rng() % (1u << 30);
+      }
+    }
+    if (shape == kind::quarter_equal)
+      for (std::size_t i = 0; i < n; i += 4) keys[i] = 0x7f000000u;
+    bool const sample_holds = shape == kind::magnitudes || shape == kind::few_values;
+    bool declined = false;
+    for (std::size_t count : {std::size_t{1}, n / 1000, n / 100, n / 40}) {
+      auto const reference = reference_top(keys, count);
+      for (int slots : {1, 2, 3, 4}) {
+        INFO("shape " << static_cast<int>(shape) << ", count " << count << ", slots " << slots);
+        std::size_t const words = detail::pass_select_stride * 4 + 4 * detail::pass_select_room(n) + 12;
+        std::vector<std::uint32_t> scratch(words, 0xdeadbeefu), out(count, 0xdeadbeefu);
+        auto const by_sample = detail::sampled_select(slots, n, count, key_array{keys.data()},
+                                                      record_selection{out.data()}, scratch.data());
+        if (sample_holds) CHECK(by_sample);
+        declined = declined || !by_sample;
+        if (by_sample)
+          CHECK(out == reference);
+        else
+          CHECK(std::count(out.begin(), out.end(), 0xdeadbeefu) == static_cast<std::ptrdiff_t>(count));
+        std::fill(out.begin(), out.end(), 0xdeadbeefu);
+        if (detail::two_pass_select(slots, n, count, key_array{keys.data()}, record_selection{out.data()},
+                                    scratch.data()))
+          CHECK(out == reference);
+        else
+          CHECK(shape == kind::quarter_equal);
+      }
+      for (int threads : {1, 3}) {
+        INFO("shape " << static_cast<int>(shape) << ", count " << count << ", threads " << threads);
+        CHECK(select_in(host_space{.threads = threads}, keys, count) == reference);
+      }
+    }
+    INFO("shape " << static_cast<int>(shape));
+    CHECK(declined != sample_holds);  // (the misleading shapes: at the largest count, if not before)
+  }
+}

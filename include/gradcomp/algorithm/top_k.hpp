@@ -7,7 +7,13 @@
 //
 // calls emit(i, r) for each selected i, r = 0, 1, ... in increasing i.
 //
-// Host: two passes over the keys. The first counts, per thread, the keys of
+// Host, for a million keys and more: one pass. A threshold is guessed from
+// a sample (256 runs of 256 keys spread evenly over them), a few deviations
+// below the count-th largest sampled key; the keys at or above it are copied
+// out, each thread's in index order into its share of the scratch, and the
+// count-th largest is found among those copies alone. Where the guess was
+// too high (fewer than count copies) or a thread's share overflows, that
+// work is dropped for two passes: the first counts, per thread, the keys of
 // each value of their top 11 bits (histograms small enough for L1), which
 // names the bin holding the count-th largest key; the second copies out the
 // indices above that bin and the bin's keys (the candidates), both in index
@@ -16,6 +22,7 @@
 // lists would not fit the scratch (a bin of many equal keys, count a large
 // part of n), an MSD radix select over all keys (16-bit digits for large n,
 // 8-bit for small) finds the threshold, and one pass counts and one emits.
+// The three give the same result; the first costs one read of the keys.
 // CUDA (top_k.cuh): three histogram rounds
 // (11, 11, 10 bits) find the threshold on the device, then an index-ordered
 // compaction (per-tile counts, a scan, an emit pass); nothing is sorted and
@@ -27,6 +34,7 @@
 #include <gradcomp/execution/workspace.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -109,47 +117,67 @@ struct cuda_top_k {
                 "gradcomp's CUDA top_k is compiled by nvcc: include <gradcomp/cuda.cuh> from a .cu file");
 };
 
-/// The two-pass host selection (see the top of this header) with `threads`
-/// threads and scratch of top_k_scratch_bytes; false, having emitted
-/// nothing, where its lists would not fit.
-template <class Key, class Emit>
-bool two_pass_select(int threads, std::size_t n, std::size_t count, Key const& key, Emit const& emit,
-                     std::uint32_t* scratch) {
-  constexpr std::size_t bins = pass_select_bins, per_thread = bins * pass_select_copies + 4;
+/// The words after each slot's histograms: in the two-pass selection, its
+/// keys above the bin, in the bin, chosen from the bin, ties taken, and its
+/// range of keys [lo, hi); in the sampled one, its copies, whether they
+/// overflowed its share, chosen, ties taken.
+inline constexpr std::size_t pass_select_words = 6,
+                             pass_select_stride = pass_select_bins * pass_select_copies + pass_select_words;
+
+// Counts keys [lo, hi) into a slot's four histogram copies.
+template <class Key>
+void count_keys(Key const& key, std::uint32_t* h, std::size_t lo, std::size_t hi) {
+  constexpr std::size_t bins = pass_select_bins;
   constexpr int shift = pass_select_shift;
-  std::size_t const room = pass_select_room(n);
-  std::uint32_t* const above = scratch + per_thread * static_cast<std::size_t>(threads);  // indices above the bin
-  std::uint32_t* const cand_index = above + room;  // the bin's keys: where, and what
-  std::uint32_t* const cand_key = cand_index + room;
+  std::size_t i = lo;
+  for (; i + 4 <= hi; i += 4) {
+    ++h[key(i) >> shift];
+    ++h[bins + (key(i + 1) >> shift)];
+    ++h[2 * bins + (key(i + 2) >> shift)];
+    ++h[3 * bins + (key(i + 3) >> shift)];
+  }
+  for (; i < hi; ++i) ++h[key(i) >> shift];
+}
+
+/// The two-pass host selection (see the top of this header) over `slots`
+/// ranges of keys (a thread's share each), with scratch of
+/// top_k_scratch_bytes; false, having emitted nothing, where its lists would
+/// not fit.
+template <class Key, class Emit>
+bool two_pass_select(int slots, std::size_t n, std::size_t count, Key const& key, Emit const& emit,
+                     std::uint32_t* scratch) {
+  constexpr std::size_t bins = pass_select_bins, stride = pass_select_stride;
+  constexpr int shift = pass_select_shift;
+  std::size_t const slot_count = static_cast<std::size_t>(slots);
+  std::size_t const room = pass_select_room(n), list = room + slot_count;  // (a slot of slack per slot)
+  std::uint32_t* const above = scratch + stride * slot_count;              // indices above the bin
+  std::uint32_t* const cand_index = above + list;                          // the bin's keys: where, and what
+  std::uint32_t* const cand_key = cand_index + list;
+  auto const words = [scratch](std::size_t s) { return scratch + stride * s + bins * pass_select_copies; };
   bool fits = true;
   std::uint32_t bin = 0;    // the bin holding the count-th largest key
   std::uint32_t least = 0;  // the count-th largest key
-  GRADCOMP_OMP(parallel num_threads(threads)) {
+  GRADCOMP_OMP(parallel num_threads(slots)) {
 #if GRADCOMP_HAS_OPENMP
     std::size_t const t = static_cast<std::size_t>(omp_get_thread_num()),
                       team = static_cast<std::size_t>(omp_get_num_threads());
 #else
     std::size_t const t = 0, team = 1;
 #endif
-    std::size_t const lo = n * t / team, hi = n * (t + 1) / team;
-    std::uint32_t* const h = scratch + per_thread * t;           // this thread's copies; then its totals, and 4 words:
-    std::uint32_t* const words = h + bins * pass_select_copies;  // above, candidates, chosen, ties to take
-    std::fill(h, h + bins * pass_select_copies, 0u);
-    std::size_t i = lo;
-    for (; i + 4 <= hi; i += 4) {
-      ++h[key(i) >> shift];
-      ++h[bins + (key(i + 1) >> shift)];
-      ++h[2 * bins + (key(i + 2) >> shift)];
-      ++h[3 * bins + (key(i + 3) >> shift)];
+    for (std::size_t s = t; s < slot_count; s += team) {  // the first pass, then each slot's copies summed
+      std::uint32_t* const h = scratch + stride * s;
+      std::fill(h, h + bins * pass_select_copies, 0u);
+      words(s)[4] = static_cast<std::uint32_t>(n * s / slot_count);
+      words(s)[5] = static_cast<std::uint32_t>(n * (s + 1) / slot_count);
+      count_keys(key, h, words(s)[4], words(s)[5]);
+      for (std::size_t b = 0; b < bins; ++b) h[b] += h[bins + b] + h[2 * bins + b] + h[3 * bins + b];
     }
-    for (; i < hi; ++i) ++h[key(i) >> shift];
-    for (std::size_t b = 0; b < bins; ++b) h[b] += h[bins + b] + h[2 * bins + b] + h[3 * bins + b];
     GRADCOMP_OMP(barrier)
     GRADCOMP_OMP(single) {  // the bin, and whether the lists fit
       std::size_t covered = 0, in_bin = 0;
       for (std::size_t b = bins; b-- > 0;) {
         in_bin = 0;
-        for (std::size_t u = 0; u < team; ++u) in_bin += scratch[per_thread * u + b];
+        for (std::size_t u = 0; u < slot_count; ++u) in_bin += scratch[stride * u + b];
         if (covered + in_bin >= count) {
           bin = static_cast<std::uint32_t>(b);
           break;
@@ -159,54 +187,66 @@ bool two_pass_select(int threads, std::size_t n, std::size_t count, Key const& k
       fits = covered <= room && in_bin <= room;
     }
     if (fits) {
-      std::size_t mine = 0;
-      for (std::size_t b = bin + 1; b < bins; ++b) mine += h[b];
-      words[0] = static_cast<std::uint32_t>(mine);
-      words[1] = h[bin];
-      GRADCOMP_OMP(barrier)
-      std::size_t next_above = 0, next_cand = 0;
-      for (std::size_t u = 0; u < t; ++u) {
-        next_above += scratch[per_thread * u + bins * pass_select_copies];
-        next_cand += scratch[per_thread * u + bins * pass_select_copies + 1];
+      for (std::size_t s = t; s < slot_count; s += team) {
+        std::uint32_t const* const h = scratch + stride * s;
+        std::size_t mine = 0;
+        for (std::size_t b = bin + 1; b < bins; ++b) mine += h[b];
+        words(s)[0] = static_cast<std::uint32_t>(mine);
+        words(s)[1] = h[bin];
       }
-      std::size_t const first_above = next_above, first_cand = next_cand;
-      auto const copy_out = [&](std::size_t from, std::size_t to) {
-        for (std::size_t j = from; j < to; ++j) {
-          std::uint32_t const k = key(j), b = k >> shift;
-          if (b > bin) above[next_above++] = static_cast<std::uint32_t>(j);
-          if (b == bin) {
-            cand_index[next_cand] = static_cast<std::uint32_t>(j);
-            cand_key[next_cand++] = k;
-          }
-        }
+      GRADCOMP_OMP(barrier)
+      // Each slot's lists start after the earlier slots' (and a slot of
+      // slack each), so both lists are in index order.
+      auto const first = [&](std::size_t s, int which) {
+        std::size_t at = s;
+        for (std::size_t u = 0; u < s; ++u) at += words(u)[which];
+        return at;
       };
-      // Most runs of keys hold none at or above the bin: a test that
-      // vectorizes passes over them, and only the others go key by key.
-      constexpr std::size_t run = 16;
-      std::uint32_t const lowest = bin << shift;
-      for (i = lo; i + run <= hi; i += run) {
-        bool any = false;
-        for (std::size_t j = 0; j < run; ++j) any |= key(i + j) >= lowest;
-        if (any) copy_out(i, i + run);
+      for (std::size_t s = t; s < slot_count; s += team) {
+        std::size_t next_above = first(s, 0), next_cand = first(s, 1);
+        // Branch-free: every key is written to both lists, and a list's end
+        // moves past it only where it belongs (a key's bin is data, which a
+        // branch would mispredict); the last write lands in the slack slot.
+        auto const copy_out = [&](std::size_t from, std::size_t to) {
+          for (std::size_t j = from; j < to; ++j) {
+            std::uint32_t const k = key(j), b = k >> shift;
+            above[next_above] = static_cast<std::uint32_t>(j);
+            next_above += b > bin;
+            cand_index[next_cand] = static_cast<std::uint32_t>(j);
+            cand_key[next_cand] = k;
+            next_cand += b == bin;
+          }
+        };
+        // Most runs of keys hold none at or above the bin: a test that
+        // vectorizes passes over them, and only the others go key by key.
+        constexpr std::size_t run = 16;
+        std::uint32_t const lowest = bin << shift;
+        std::size_t const lo = words(s)[4], hi = words(s)[5];
+        std::size_t i = lo;
+        for (; i + run <= hi; i += run) {
+          bool any = false;
+          for (std::size_t j = 0; j < run; ++j) any |= key(i + j) >= lowest;
+          if (any) copy_out(i, i + run);
+        }
+        copy_out(i, hi);
       }
-      copy_out(i, hi);
       GRADCOMP_OMP(barrier)
-      GRADCOMP_OMP(single) {  // the threshold among the candidates, and each thread's share of them
+      GRADCOMP_OMP(single) {  // the threshold among the candidates, and each slot's share of them
         std::size_t above_all = 0, cands = 0;
-        for (std::size_t u = 0; u < team; ++u) {
-          above_all += scratch[per_thread * u + bins * pass_select_copies];
-          cands += scratch[per_thread * u + bins * pass_select_copies + 1];
+        std::uint32_t* const sorted = cand_key + list;
+        for (std::size_t u = 0; u < slot_count; ++u) {  // every slot's candidates, without the slack
+          std::copy(cand_key + cands + u, cand_key + cands + u + words(u)[1], sorted + cands);
+          above_all += words(u)[0];
+          cands += words(u)[1];
         }
         std::size_t const need = count - above_all;
-        std::uint32_t* const sorted = cand_key + room;
-        std::copy(cand_key, cand_key + cands, sorted);
         std::nth_element(sorted, sorted + (need - 1), sorted + cands,
                          [](std::uint32_t a, std::uint32_t b) { return a > b; });
         least = sorted[need - 1];
         std::size_t ties = need, c = 0;  // keys above `least` first; ties then go to the lowest indices
-        for (std::size_t k = 0; k < cands; ++k) ties -= cand_key[k] > least;
-        for (std::size_t u = 0; u < team; ++u) {
-          std::uint32_t* const w = scratch + per_thread * u + bins * pass_select_copies;
+        for (std::size_t k = 0; k < cands; ++k) ties -= sorted[k] > least;
+        for (std::size_t u = 0; u < slot_count; ++u, ++c) {  // (++c: past the slot's slack)
+          std::uint32_t* const w = words(u);
           std::size_t chosen = 0, taken = 0;
           for (std::size_t end = c + w[1]; c < end; ++c) {
             bool const tie = cand_key[c] == least && taken < ties;
@@ -218,27 +258,154 @@ bool two_pass_select(int threads, std::size_t n, std::size_t count, Key const& k
           w[3] = static_cast<std::uint32_t>(taken);
         }
       }
-      std::size_t rank = 0;
-      for (std::size_t u = 0; u < t; ++u)
-        rank += scratch[per_thread * u + bins * pass_select_copies] +
-                scratch[per_thread * u + bins * pass_select_copies + 2];
-      std::size_t a = first_above, c = first_cand, ties_left = words[3];
-      std::size_t const a_end = first_above + words[0], c_end = first_cand + words[1];
-      while (a < a_end || c < c_end) {  // the two runs, merged in index order
-        if (c < c_end && (a == a_end || cand_index[c] < above[a])) {
-          std::uint32_t const k = cand_key[c];
-          if (k > least || (k == least && ties_left > 0)) {
-            ties_left -= k == least;
-            emit(cand_index[c], rank++);
+      for (std::size_t s = t; s < slot_count; s += team) {
+        std::size_t rank = 0;
+        for (std::size_t u = 0; u < s; ++u) rank += words(u)[0] + words(u)[2];
+        std::size_t a = first(s, 0), c = first(s, 1), ties_left = words(s)[3];
+        std::size_t const a_end = a + words(s)[0], c_end = c + words(s)[1];
+        while (a < a_end || c < c_end) {  // the two runs, merged in index order
+          if (c < c_end && (a == a_end || cand_index[c] < above[a])) {
+            std::uint32_t const k = cand_key[c];
+            if (k > least || (k == least && ties_left > 0)) {
+              ties_left -= k == least;
+              emit(cand_index[c], rank++);
+            }
+            ++c;
+          } else {
+            emit(above[a++], rank++);
           }
-          ++c;
-        } else {
-          emit(above[a++], rank++);
         }
       }
     }
   }
   return fits;
+}
+
+/// The sampled selection's sample: runs of consecutive keys spread evenly
+/// over all of them (a run is a few cache lines).
+inline constexpr std::size_t sample_runs = 256, sample_run = 256, sample_keys = sample_runs * sample_run;
+
+/// The sampled host selection (see the top of this header) over `slots`
+/// ranges of keys, with scratch of top_k_scratch_bytes: false, having
+/// emitted nothing, where it does not apply (n small, count a large part of
+/// it) or the sample misled it (fewer than count keys at or above its
+/// guess, or more than a slot's share of the room).
+template <class Key, class Emit>
+bool sampled_select(int slots, std::size_t n, std::size_t count, Key const& key, Emit const& emit,
+                    std::uint32_t* scratch) {
+  constexpr std::size_t stride = pass_select_stride, sampled = sample_keys;
+  std::size_t const slot_count = static_cast<std::size_t>(slots);
+  std::size_t const room = pass_select_room(n), list = room + slot_count, share = list / slot_count;
+  if (n < 16 * sampled) return false;
+  // The guess: the sampled key of rank c + 4 sqrt(c) + 8, c the count the
+  // sample expects above the count-th largest key, so that the guess is
+  // below that key unless the sample is four deviations off.
+  double const expected = static_cast<double>(count) / static_cast<double>(n) * static_cast<double>(sampled);
+  std::size_t const rank = static_cast<std::size_t>(expected + 4.0 * std::sqrt(expected) + 8.0);
+  // (Where the keys copied out would come near the room, two passes.)
+  if (static_cast<double>(rank) / static_cast<double>(sampled) * static_cast<double>(n) > static_cast<double>(room) / 2)
+    return false;
+  // Each slot's keys at or above the guess, in its share of the lists; then
+  // the copies' keys sorted (first the sample).
+  std::uint32_t* const cand_index = scratch + stride * slot_count;
+  std::uint32_t* const cand_key = cand_index + list;
+  std::uint32_t* const sorted = cand_key + list;
+  auto const words = [scratch](std::size_t s) { return scratch + stride * s + pass_select_bins * pass_select_copies; };
+  for (std::size_t r = 0; r < sample_runs; ++r) {
+    std::size_t const start = (n - sample_run) * r / (sample_runs - 1);
+    for (std::size_t j = 0; j < sample_run; ++j) sorted[r * sample_run + j] = key(start + j);
+  }
+  std::nth_element(sorted, sorted + (rank - 1), sorted + sampled,
+                   [](std::uint32_t a, std::uint32_t b) { return a > b; });
+  std::uint32_t const guess = sorted[rank - 1];
+  if (guess == 0) return false;  // (every key would be copied out)
+  bool found = true;
+  std::uint32_t least = 0;  // the count-th largest key
+  GRADCOMP_OMP(parallel num_threads(slots)) {
+#if GRADCOMP_HAS_OPENMP
+    std::size_t const t = static_cast<std::size_t>(omp_get_thread_num()),
+                      team = static_cast<std::size_t>(omp_get_num_threads());
+#else
+    std::size_t const t = 0, team = 1;
+#endif
+    for (std::size_t s = t; s < slot_count; s += team) {
+      std::size_t const lo = n * s / slot_count, hi = n * (s + 1) / slot_count, first = share * s;
+      std::size_t next = first;
+      bool overflow = false;
+      // Branch-free: every key of a run is written, and the list's end moves
+      // past it only where it is at or above the guess.
+      auto const copy_out = [&](std::size_t from, std::size_t to) {
+        if (next + (to - from) >= first + share) return overflow = true;
+        for (std::size_t j = from; j < to; ++j) {
+          std::uint32_t const k = key(j);
+          cand_index[next] = static_cast<std::uint32_t>(j);
+          cand_key[next] = k;
+          next += k >= guess;
+        }
+        return false;
+      };
+      constexpr std::size_t run = 16;  // (a test that vectorizes passes over runs with none)
+      std::size_t i = lo;
+      for (; i + run <= hi && !overflow; i += run) {
+        bool any = false;
+        for (std::size_t j = 0; j < run; ++j) any |= key(i + j) >= guess;
+        if (any) copy_out(i, i + run);
+      }
+      if (!overflow) copy_out(i, hi);
+      words(s)[0] = static_cast<std::uint32_t>(next - first);
+      words(s)[1] = overflow;
+    }
+    GRADCOMP_OMP(barrier)
+    GRADCOMP_OMP(single) {  // the count-th largest among the copies, and each slot's share of the chosen
+      std::size_t copies = 0;
+      for (std::size_t u = 0; u < slot_count; ++u) {
+        found = found && words(u)[1] == 0;
+        copies += words(u)[0];
+      }
+      found = found && copies >= count;
+      if (found) {
+        for (std::size_t u = 0, c = 0; u < slot_count; c += words(u++)[0])
+          std::copy(cand_key + share * u, cand_key + share * u + words(u)[0], sorted + c);
+        std::nth_element(sorted, sorted + (count - 1), sorted + copies,
+                         [](std::uint32_t a, std::uint32_t b) { return a > b; });
+        least = sorted[count - 1];
+        std::size_t ties = count;  // keys above `least` first; ties then go to the lowest indices
+        for (std::size_t k = 0; k < copies; ++k) ties -= sorted[k] > least;
+        for (std::size_t u = 0; u < slot_count; ++u) {
+          std::uint32_t* const w = words(u);
+          std::size_t chosen = 0, taken = 0;
+          for (std::size_t c = share * u, end = c + w[0]; c < end; ++c) {
+            bool const tie = cand_key[c] == least && taken < ties;
+            taken += tie;
+            chosen += cand_key[c] > least || tie;
+          }
+          ties -= taken;
+          w[2] = static_cast<std::uint32_t>(chosen);
+          w[3] = static_cast<std::uint32_t>(taken);
+        }
+      }
+    }
+    if (found)
+      for (std::size_t s = t; s < slot_count; s += team) {
+        std::size_t rank_at = 0;
+        for (std::size_t u = 0; u < s; ++u) rank_at += words(u)[2];
+        std::size_t ties_left = words(s)[3];
+        for (std::size_t c = share * s, end = c + words(s)[0]; c < end; ++c) {
+          std::uint32_t const k = cand_key[c];
+          if (k > least || (k == least && ties_left > 0)) {
+            ties_left -= k == least;
+            emit(cand_index[c], rank_at++);
+          }
+        }
+      }
+  }
+  return found;
+}
+
+/// The slots of the two-pass selection for n keys on `space` with `scratch`.
+inline int pass_select_slots(host_space const& space, std::size_t n, span<std::byte, host_memory> scratch) {
+  int const capacity = static_cast<int>(scratch.size() / (host_select_bins(n) * sizeof(std::uint32_t)));
+  return std::max(1, std::min({space.threads_for(n), capacity, host_thread_capacity()}));
 }
 
 }  // namespace detail
@@ -251,20 +418,19 @@ std::size_t top_k_scratch_bytes(std::size_t n) {
     std::size_t const threads = static_cast<std::size_t>(host_thread_capacity());
     std::size_t const radix = detail::checked_mul(detail::host_select_bins(n), threads, "top_k");
     std::size_t const passes = detail::checked_add(
-        detail::checked_mul(detail::pass_select_bins * detail::pass_select_copies + 4, threads, "top_k"),
-        detail::checked_mul(detail::pass_select_room(n), 4, "top_k"), "top_k");
+        detail::checked_mul(detail::pass_select_stride, threads, "top_k"),
+        detail::checked_add(detail::checked_mul(detail::pass_select_room(n), 4, "top_k"), 3 * threads, "top_k"),
+        "top_k");
     measure.template take<std::uint32_t>(std::max(radix, passes));
   } else
     detail::carve_device_select(measure, n);
   return measure.bytes();
 }
 
-/// Calls emit(i, r) for the `count` largest keys key(i), i in [0, n), ties
-/// to the lower index, r = 0, 1, ... in index order (see the top of this
-/// header). Host version.
+namespace detail {
 template <class Key, class Emit>
-void top_k(host_space const& space, std::size_t n, std::size_t count, Key const& key, Emit const& emit,
-           span<std::byte, host_memory> scratch) {
+void host_top_k(host_space const& space, std::size_t n, std::size_t count, Key const& key, Emit const& emit,
+                span<std::byte, host_memory> scratch) {
   if (count == 0 || n == 0) return;
   if (count >= n) {
     parallel_for(space, n, [&](std::size_t i) { emit(i, i); });
@@ -274,7 +440,9 @@ void top_k(host_space const& space, std::size_t n, std::size_t count, Key const&
   auto* histograms = reinterpret_cast<std::uint32_t*>(scratch.data());
   int const capacity = static_cast<int>(scratch.size() / (bins * sizeof(std::uint32_t)));
   int const threads = std::max(1, std::min(space.threads_for(n), capacity));
-  if (detail::two_pass_select(std::min(threads, host_thread_capacity()), n, count, key, emit, histograms)) return;
+  int const slots = pass_select_slots(space, n, scratch);
+  if (sampled_select(slots, n, count, key, emit, histograms)) return;
+  if (two_pass_select(slots, n, count, key, emit, histograms)) return;
   // Find the count-th largest key digit by digit: 16-bit digits for large n,
   // 8-bit ones for small n, where zeroing and scanning 2^16 bins would cost
   // more than the extra rounds.
@@ -320,6 +488,17 @@ void top_k(host_space const& space, std::size_t n, std::size_t count, Key const&
       }
     }
   }
+}
+
+}  // namespace detail
+
+/// Calls emit(i, r) for the `count` largest keys key(i), i in [0, n), ties
+/// to the lower index, r = 0, 1, ... in index order (see the top of this
+/// header). Host version.
+template <class Key, class Emit>
+void top_k(host_space const& space, std::size_t n, std::size_t count, Key const& key, Emit const& emit,
+           span<std::byte, host_memory> scratch) {
+  detail::host_top_k(space, n, count, key, emit, scratch);
 }
 
 #if GRADCOMP_HAS_CUDA

@@ -4,7 +4,8 @@
 // Per step, with acc = g + e:
 //   1. acc pass [reads g, e; writes acc: 12 B/element];
 //   2. select the k entries of largest |acc|, ties to the lower index
-//      (top_k: a radix select, no sort);
+//      (top_k, no sort: on the host one read of acc copies out the keys
+//      above a threshold guessed from a sample);
 //   3. all-gather every rank's k (index, value) pairs: n * k * (4 + value
 //      size) bytes arrive at every rank, growing with n;
 //   4. output pass: zero the gradient, e = acc [reads acc; writes g, e:
