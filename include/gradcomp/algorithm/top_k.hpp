@@ -38,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #if GRADCOMP_HAS_OPENMP
 #include <omp.h>
@@ -139,6 +140,47 @@ void count_keys(Key const& key, std::uint32_t* h, std::size_t lo, std::size_t hi
   for (; i < hi; ++i) ++h[key(i) >> shift];
 }
 
+/// Slot s's words (see pass_select_words).
+inline std::uint32_t* slot_words(std::uint32_t* scratch, std::size_t s) {
+  return scratch + pass_select_stride * s + pass_select_bins * pass_select_copies;
+}
+
+/// This thread's place in its OpenMP team: its number, and the team's size.
+inline std::pair<std::size_t, std::size_t> team_place() {
+#if GRADCOMP_HAS_OPENMP
+  return {static_cast<std::size_t>(omp_get_thread_num()), static_cast<std::size_t>(omp_get_num_threads())};
+#else
+  return {0, 1};
+#endif
+}
+
+/// The need-th largest of the candidate keys copied into `sorted` (m of
+/// them, reordered here), and each slot's share of the chosen in its words
+/// 2 and 3: its candidates above that key, and the ties it takes (ties go to
+/// the lowest indices, so to the earliest slots). Slot u's candidates are
+/// keys[first(u)], ... in index order, `size_word` of its words counting them.
+template <class First>
+std::uint32_t choose_among(std::uint32_t* sorted, std::size_t m, std::size_t need, std::uint32_t const* keys,
+                           std::uint32_t* scratch, std::size_t slots, int size_word, First const& first) {
+  std::nth_element(sorted, sorted + (need - 1), sorted + m, [](std::uint32_t a, std::uint32_t b) { return a > b; });
+  std::uint32_t const least = sorted[need - 1];
+  std::size_t ties = need;  // keys above `least` first
+  for (std::size_t k = 0; k < m; ++k) ties -= sorted[k] > least;
+  for (std::size_t u = 0; u < slots; ++u) {
+    std::uint32_t* const w = slot_words(scratch, u);
+    std::size_t chosen = 0, taken = 0;
+    for (std::size_t c = first(u), end = c + w[size_word]; c < end; ++c) {
+      bool const tie = keys[c] == least && taken < ties;
+      taken += tie;
+      chosen += keys[c] > least || tie;
+    }
+    ties -= taken;
+    w[2] = static_cast<std::uint32_t>(chosen);
+    w[3] = static_cast<std::uint32_t>(taken);
+  }
+  return least;
+}
+
 /// The two-pass host selection (see the top of this header) over `slots`
 /// ranges of keys (a thread's share each), with scratch of
 /// top_k_scratch_bytes; false, having emitted nothing, where its lists would
@@ -153,17 +195,12 @@ bool two_pass_select(int slots, std::size_t n, std::size_t count, Key const& key
   std::uint32_t* const above = scratch + stride * slot_count;              // indices above the bin
   std::uint32_t* const cand_index = above + list;                          // the bin's keys: where, and what
   std::uint32_t* const cand_key = cand_index + list;
-  auto const words = [scratch](std::size_t s) { return scratch + stride * s + bins * pass_select_copies; };
+  auto const words = [scratch](std::size_t s) { return slot_words(scratch, s); };
   bool fits = true;
   std::uint32_t bin = 0;    // the bin holding the count-th largest key
   std::uint32_t least = 0;  // the count-th largest key
   GRADCOMP_OMP(parallel num_threads(slots)) {
-#if GRADCOMP_HAS_OPENMP
-    std::size_t const t = static_cast<std::size_t>(omp_get_thread_num()),
-                      team = static_cast<std::size_t>(omp_get_num_threads());
-#else
-    std::size_t const t = 0, team = 1;
-#endif
+    auto const [t, team] = team_place();
     for (std::size_t s = t; s < slot_count; s += team) {  // the first pass, then each slot's copies summed
       std::uint32_t* const h = scratch + stride * s;
       std::fill(h, h + bins * pass_select_copies, 0u);
@@ -239,24 +276,8 @@ bool two_pass_select(int slots, std::size_t n, std::size_t count, Key const& key
           above_all += words(u)[0];
           cands += words(u)[1];
         }
-        std::size_t const need = count - above_all;
-        std::nth_element(sorted, sorted + (need - 1), sorted + cands,
-                         [](std::uint32_t a, std::uint32_t b) { return a > b; });
-        least = sorted[need - 1];
-        std::size_t ties = need, c = 0;  // keys above `least` first; ties then go to the lowest indices
-        for (std::size_t k = 0; k < cands; ++k) ties -= sorted[k] > least;
-        for (std::size_t u = 0; u < slot_count; ++u, ++c) {  // (++c: past the slot's slack)
-          std::uint32_t* const w = words(u);
-          std::size_t chosen = 0, taken = 0;
-          for (std::size_t end = c + w[1]; c < end; ++c) {
-            bool const tie = cand_key[c] == least && taken < ties;
-            taken += tie;
-            chosen += cand_key[c] > least || tie;
-          }
-          ties -= taken;
-          w[2] = static_cast<std::uint32_t>(chosen);
-          w[3] = static_cast<std::uint32_t>(taken);
-        }
+        least = choose_among(sorted, cands, count - above_all, cand_key, scratch, slot_count, 1,
+                             [&](std::size_t u) { return first(u, 1); });
       }
       for (std::size_t s = t; s < slot_count; s += team) {
         std::size_t rank = 0;
@@ -310,7 +331,7 @@ bool sampled_select(int slots, std::size_t n, std::size_t count, Key const& key,
   std::uint32_t* const cand_index = scratch + stride * slot_count;
   std::uint32_t* const cand_key = cand_index + list;
   std::uint32_t* const sorted = cand_key + list;
-  auto const words = [scratch](std::size_t s) { return scratch + stride * s + pass_select_bins * pass_select_copies; };
+  auto const words = [scratch](std::size_t s) { return slot_words(scratch, s); };
   for (std::size_t r = 0; r < sample_runs; ++r) {
     std::size_t const start = (n - sample_run) * r / (sample_runs - 1);
     for (std::size_t j = 0; j < sample_run; ++j) sorted[r * sample_run + j] = key(start + j);
@@ -322,12 +343,7 @@ bool sampled_select(int slots, std::size_t n, std::size_t count, Key const& key,
   bool found = true;
   std::uint32_t least = 0;  // the count-th largest key
   GRADCOMP_OMP(parallel num_threads(slots)) {
-#if GRADCOMP_HAS_OPENMP
-    std::size_t const t = static_cast<std::size_t>(omp_get_thread_num()),
-                      team = static_cast<std::size_t>(omp_get_num_threads());
-#else
-    std::size_t const t = 0, team = 1;
-#endif
+    auto const [t, team] = team_place();
     for (std::size_t s = t; s < slot_count; s += team) {
       std::size_t const lo = n * s / slot_count, hi = n * (s + 1) / slot_count, first = share * s;
       std::size_t next = first;
@@ -366,23 +382,8 @@ bool sampled_select(int slots, std::size_t n, std::size_t count, Key const& key,
       if (found) {
         for (std::size_t u = 0, c = 0; u < slot_count; c += words(u++)[0])
           std::copy(cand_key + share * u, cand_key + share * u + words(u)[0], sorted + c);
-        std::nth_element(sorted, sorted + (count - 1), sorted + copies,
-                         [](std::uint32_t a, std::uint32_t b) { return a > b; });
-        least = sorted[count - 1];
-        std::size_t ties = count;  // keys above `least` first; ties then go to the lowest indices
-        for (std::size_t k = 0; k < copies; ++k) ties -= sorted[k] > least;
-        for (std::size_t u = 0; u < slot_count; ++u) {
-          std::uint32_t* const w = words(u);
-          std::size_t chosen = 0, taken = 0;
-          for (std::size_t c = share * u, end = c + w[0]; c < end; ++c) {
-            bool const tie = cand_key[c] == least && taken < ties;
-            taken += tie;
-            chosen += cand_key[c] > least || tie;
-          }
-          ties -= taken;
-          w[2] = static_cast<std::uint32_t>(chosen);
-          w[3] = static_cast<std::uint32_t>(taken);
-        }
+        least = choose_among(sorted, copies, count, cand_key, scratch, slot_count, 0,
+                             [share](std::size_t u) { return share * u; });
       }
     }
     if (found)
