@@ -153,42 +153,44 @@ TEST_CASE_TEMPLATE_DEFINE("TopK returns the reference sparse mean", Setup, topk_
     auto const space = Setup::make_space();
     std::uint64_t const seed = shared_seed(comm);
     int const n = comm.size();
-    std::size_t const d = 20000;
-    auto grads = random_gradients(seed, n, d);
-    for (auto& g : grads)
-      for (std::size_t i = 0; i < d; i += 7) g[i] = std::round(g[i] * 4) / 4;  // ties in magnitude
-    for (std::size_t k : {std::size_t{0}, std::size_t{1}, std::size_t{200}, d}) {
-      allreducer<topk<bfloat16>, error_feedback::residual, collective_t, allgather_aggregator, typename Setup::space>
-          reduce(topk<bfloat16>{.k = k}, comm, bucket_layout(d), space);
-      auto g = upload(space, grads[comm.rank()]);
-      reduce(g.view());
-      auto const out = download(space, g.data(), d);
-      auto const residual = download(space, reduce.residual().data(), d);
+    // (150001: several runs of the host's zero-and-add pass, and threads)
+    for (std::size_t d : {std::size_t{20000}, std::size_t{150001}}) {
+      auto grads = random_gradients(seed, n, d);
+      for (auto& g : grads)
+        for (std::size_t i = 0; i < d; i += 7) g[i] = std::round(g[i] * 4) / 4;  // ties in magnitude
+      for (std::size_t k : {std::size_t{0}, std::size_t{1}, std::size_t{200}, d / 100, d}) {
+        allreducer<topk<bfloat16>, error_feedback::residual, collective_t, allgather_aggregator, typename Setup::space>
+            reduce(topk<bfloat16>{.k = k}, comm, bucket_layout(d), space);
+        auto g = upload(space, grads[comm.rank()]);
+        reduce(g.view());
+        auto const out = download(space, g.data(), d);
+        auto const residual = download(space, reduce.residual().data(), d);
 
-      std::vector<float> expected(d, 0.0f);
-      std::vector<std::uint32_t> mine;
-      float const inverse = 1.0f / static_cast<float>(n);
-      for (int r = 0; r < n; ++r) {
-        std::vector<std::uint32_t> keys(d);
-        for (std::size_t i = 0; i < d; ++i) keys[i] = gradcomp::detail::float_bits(grads[r][i]) & 0x7fffffffu;
-        auto const top = reference_top(keys, k);
-        for (auto i : top) expected[i] += static_cast<float>(bfloat16(grads[r][i] * inverse));
-        if (r == comm.rank()) mine = top;
+        std::vector<float> expected(d, 0.0f);
+        std::vector<std::uint32_t> mine;
+        float const inverse = 1.0f / static_cast<float>(n);
+        for (int r = 0; r < n; ++r) {
+          std::vector<std::uint32_t> keys(d);
+          for (std::size_t i = 0; i < d; ++i) keys[i] = gradcomp::detail::float_bits(grads[r][i]) & 0x7fffffffu;
+          auto const top = reference_top(keys, k);
+          for (auto i : top) expected[i] += static_cast<float>(bfloat16(grads[r][i] * inverse));
+          if (r == comm.rank()) mine = top;
+        }
+        std::vector<char> sent(d, 0);
+        for (auto i : mine) sent[i] = 1;
+        std::size_t wrong_out = 0, wrong_residual = 0;
+        for (std::size_t i = 0; i < d; ++i) {
+          float const acc = grads[comm.rank()][i] + 0.0f;  // g + e with e = 0 (turns -0 into +0)
+          wrong_out += same_bits(out[i], expected[i]) ? 0 : 1;
+          float const kept = static_cast<float>(static_cast<double>(acc) -
+                                                static_cast<double>(static_cast<float>(bfloat16(acc * inverse))) * n);
+          wrong_residual += same_bits(residual[i], sent[i] ? kept : acc) ? 0 : 1;
+        }
+        INFO("seed " << seed << ", d " << d << ", k " << k << ", rank " << comm.rank());
+        CHECK(wrong_out == 0);
+        CHECK(wrong_residual == 0);
+        CHECK(reduce.wire_bytes() == k * 6 * n + 8);  // grows with n: the all-gather
       }
-      std::vector<char> sent(d, 0);
-      for (auto i : mine) sent[i] = 1;
-      std::size_t wrong_out = 0, wrong_residual = 0;
-      for (std::size_t i = 0; i < d; ++i) {
-        float const acc = grads[comm.rank()][i] + 0.0f;  // g + e with e = 0 (turns -0 into +0)
-        wrong_out += same_bits(out[i], expected[i]) ? 0 : 1;
-        float const kept = static_cast<float>(static_cast<double>(acc) -
-                                              static_cast<double>(static_cast<float>(bfloat16(acc * inverse))) * n);
-        wrong_residual += same_bits(residual[i], sent[i] ? kept : acc) ? 0 : 1;
-      }
-      INFO("seed " << seed << ", k " << k << ", rank " << comm.rank());
-      CHECK(wrong_out == 0);
-      CHECK(wrong_residual == 0);
-      CHECK(reduce.wire_bytes() == k * 6 * n + 8);  // grows with n: the all-gather
     }
   });
 }

@@ -11,8 +11,10 @@
 //   4. output pass: zero the gradient, e = acc [reads acc; writes g, e:
 //      12 B/element; on the host with error feedback acc was written as e
 //      in pass 1, so this pass writes g alone]; then, rank by rank (so every
-//      rank adds in the same order), add value / n at each gathered index;
-//      e = acc - sent at this rank's own indices.
+//      rank adds in the same order), add value / n at each gathered index
+//      (on the host with error feedback, in the same pass, a run of g at a
+//      time: the indices are in order); e = acc - sent at this rank's own
+//      indices.
 // Values travel as acc / n (the sum is local, in float). k > d is an error;
 // k = 0 sends nothing and keeps everything in the residual.
 #pragma once
@@ -24,9 +26,11 @@
 #include <gradcomp/pipeline/compressor.hpp>
 #include <gradcomp/types.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -95,6 +99,29 @@ struct topk_scatter_mean {                   // one rank's pairs, added in rank 
     store_gradient(gradient, i, load_gradient(gradient, i) + mean_codec<W>::mean(value));
   }
 };
+
+// Host, an open gate, e = acc already in place: the gradient zeroed a run at
+// a time, and each run's gathered values added in rank order while it is in
+// cache (the same sums as the scatters, which alone missed the cache at
+// nearly every index). Only indices within the bucket are written.
+template <class W, class G>
+void topk_zero_and_add(host_space const& space, G* gradient, std::size_t d, std::uint32_t const* indices,
+                       W const* values, std::size_t ranks, std::size_t sent) {
+  constexpr std::size_t run = std::size_t{1} << 16;
+  std::size_t const runs = (d + run - 1) / run;
+  [[maybe_unused]] int const threads = space.threads_for(d);
+  GRADCOMP_OMP(parallel for schedule(static) num_threads(threads))
+  for (std::size_t c = 0; c < runs; ++c) {
+    std::size_t const lo = c * run, hi = lo + run < d ? lo + run : d;
+    std::memset(static_cast<void*>(gradient + lo), 0, (hi - lo) * sizeof(G));  // zero bits are 0.0 in every G
+    for (std::size_t r = 0; r < ranks; ++r) {
+      std::uint32_t const* const first = indices + r * sent;
+      std::uint32_t const* const last = first + sent;
+      for (auto const* at = std::lower_bound(first, last, static_cast<std::uint32_t>(lo)); at != last && *at < hi; ++at)
+        store_gradient(gradient, *at, load_gradient(gradient, *at) + mean_codec<W>::mean(values[at - indices]));
+    }
+  }
+}
 
 }  // namespace detail
 
@@ -210,17 +237,20 @@ struct topk {
     ctx.all_gather(span<Value const, memory>(ws.values), ws.gathered_values);
 
     gate const when = ctx.output_gate();  // (a vetoed step skips the scatters too: the reset wrote or skipped all)
+    bool added = false;                   // the gathered values already in the gradient
     if constexpr (acc_in_residual) {
-      if (detail::read_gate(when) == detail::gate_state::open)  // zero bits are 0.0 in every gradient type
-        space.fill_zero(gradient.data(), d * sizeof(G));
-      else  // (the vetoed step's own gate: nothing, or NaN everywhere)
+      if (detail::read_gate(when) == detail::gate_state::open) {
+        detail::topk_zero_and_add(space, gradient.data(), d, ws.gathered_indices.data(), ws.gathered_values.data(),
+                                  static_cast<std::size_t>(ctx.ranks()), sent);
+        added = true;
+      } else  // (the vetoed step's own gate: nothing, or NaN everywhere)
         transform(space, d, inputs(), outputs(detail::gradient_stream(gradient)), detail::topk_zero{}, {.when = when});
     } else
       transform(space, d, inputs(acc), outputs(detail::gradient_stream(gradient), ef.next()), detail::topk_reset{},
                 {.when = when});
     transform(space, sent, inputs(ws.indices, ws.values), outputs(),
               detail::topk_keep_unsent<Value, EF>{acc, ef, ranks}, {.when = when});
-    for (int r = 0; r < ctx.ranks(); ++r)  // rank order: the same sums on every rank
+    for (int r = 0; r < ctx.ranks() && !added; ++r)  // rank order: the same sums on every rank
       transform(space, sent,
                 inputs(ws.gathered_indices.subspan(r * sent, sent), ws.gathered_values.subspan(r * sent, sent)),
                 outputs(), detail::topk_scatter_mean<Value, G>{gradient.data()}, {.when = when});
