@@ -119,10 +119,10 @@ struct cuda_top_k {
 };
 
 /// The words after each slot's histograms: in the two-pass selection, its
-/// keys above the bin, in the bin, chosen from the bin, ties taken, and its
-/// range of keys [lo, hi); in the sampled one, its copies, whether they
-/// overflowed its share, chosen, ties taken.
-inline constexpr std::size_t pass_select_words = 6,
+/// keys above the bin, in the bin, chosen from the bin, ties taken; in the
+/// sampled one, its copies, whether they overflowed its share, chosen, ties
+/// taken. Slot s of `slots` holds keys [n s / slots, n (s + 1) / slots).
+inline constexpr std::size_t pass_select_words = 4,
                              pass_select_stride = pass_select_bins * pass_select_copies + pass_select_words;
 
 // Counts keys [lo, hi) into a slot's four histogram copies.
@@ -204,9 +204,7 @@ bool two_pass_select(int slots, std::size_t n, std::size_t count, Key const& key
     for (std::size_t s = t; s < slot_count; s += team) {  // the first pass, then each slot's copies summed
       std::uint32_t* const h = scratch + stride * s;
       std::fill(h, h + bins * pass_select_copies, 0u);
-      words(s)[4] = static_cast<std::uint32_t>(n * s / slot_count);
-      words(s)[5] = static_cast<std::uint32_t>(n * (s + 1) / slot_count);
-      count_keys(key, h, words(s)[4], words(s)[5]);
+      count_keys(key, h, n * s / slot_count, n * (s + 1) / slot_count);
       for (std::size_t b = 0; b < bins; ++b) h[b] += h[bins + b] + h[2 * bins + b] + h[3 * bins + b];
     }
     GRADCOMP_OMP(barrier)
@@ -258,7 +256,7 @@ bool two_pass_select(int slots, std::size_t n, std::size_t count, Key const& key
         // vectorizes passes over them, and only the others go key by key.
         constexpr std::size_t run = 16;
         std::uint32_t const lowest = bin << shift;
-        std::size_t const lo = words(s)[4], hi = words(s)[5];
+        std::size_t const lo = n * s / slot_count, hi = n * (s + 1) / slot_count;
         std::size_t i = lo;
         for (; i + run <= hi; i += run) {
           bool any = false;
@@ -428,10 +426,12 @@ std::size_t top_k_scratch_bytes(std::size_t n) {
   return measure.bytes();
 }
 
-namespace detail {
+/// Calls emit(i, r) for the `count` largest keys key(i), i in [0, n), ties
+/// to the lower index, r = 0, 1, ... in index order (see the top of this
+/// header). Host version.
 template <class Key, class Emit>
-void host_top_k(host_space const& space, std::size_t n, std::size_t count, Key const& key, Emit const& emit,
-                span<std::byte, host_memory> scratch) {
+void top_k(host_space const& space, std::size_t n, std::size_t count, Key const& key, Emit const& emit,
+           span<std::byte, host_memory> scratch) {
   if (count == 0 || n == 0) return;
   if (count >= n) {
     parallel_for(space, n, [&](std::size_t i) { emit(i, i); });
@@ -441,9 +441,9 @@ void host_top_k(host_space const& space, std::size_t n, std::size_t count, Key c
   auto* histograms = reinterpret_cast<std::uint32_t*>(scratch.data());
   int const capacity = static_cast<int>(scratch.size() / (bins * sizeof(std::uint32_t)));
   int const threads = std::max(1, std::min(space.threads_for(n), capacity));
-  int const slots = pass_select_slots(space, n, scratch);
-  if (sampled_select(slots, n, count, key, emit, histograms)) return;
-  if (two_pass_select(slots, n, count, key, emit, histograms)) return;
+  int const slots = detail::pass_select_slots(space, n, scratch);
+  if (detail::sampled_select(slots, n, count, key, emit, histograms)) return;
+  if (detail::two_pass_select(slots, n, count, key, emit, histograms)) return;
   // Find the count-th largest key digit by digit: 16-bit digits for large n,
   // 8-bit ones for small n, where zeroing and scanning 2^16 bins would cost
   // more than the extra rounds.
@@ -489,17 +489,6 @@ void host_top_k(host_space const& space, std::size_t n, std::size_t count, Key c
       }
     }
   }
-}
-
-}  // namespace detail
-
-/// Calls emit(i, r) for the `count` largest keys key(i), i in [0, n), ties
-/// to the lower index, r = 0, 1, ... in index order (see the top of this
-/// header). Host version.
-template <class Key, class Emit>
-void top_k(host_space const& space, std::size_t n, std::size_t count, Key const& key, Emit const& emit,
-           span<std::byte, host_memory> scratch) {
-  detail::host_top_k(space, n, count, key, emit, scratch);
 }
 
 #if GRADCOMP_HAS_CUDA
