@@ -15,9 +15,74 @@ TEST_CASE_TEMPLATE_INVOKE(select_matches, gradcomp::host_space);
 TEST_CASE("a discarded output gives each element of a host chunk its own slot") {
   using namespace gradcomp;
   float staging[1];
-  auto cursor = detail::host_output(discard<float>{}, 0, staging);
+  detail::stream_chunk<discard<float>> none;
+  auto cursor = detail::host_output(discard<float>{}, 0, staging, none, false);
   for (std::size_t k = 1; k < detail::host_chunk; k += 511) CHECK(&cursor[k] != &cursor[k - 1]);
   CHECK(&cursor[detail::host_chunk - 1] - &cursor[0] == static_cast<std::ptrdiff_t>(detail::host_chunk - 1));
+}
+
+// An output of more than host_space::streamed_bytes is written with
+// streaming stores where its memory is 16-byte aligned (through 64-byte
+// stores where it is 64-byte aligned), and as usual where it is not aligned
+// or overwrites an input in place: every way, each element gets the value an
+// ordinary store gives it, over whole chunks and a partial last one, on one
+// thread and several; a 16-bit output narrows first. By default only
+// outputs beyond tuning::host_streamed_bytes stream.
+TEST_CASE("outputs larger than the cache stream around it, with the values ordinary stores give") {
+  using namespace gradcomp;
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::size_t const n = 3 * detail::host_chunk + 1001;
+  std::size_t const big = detail::tuning::host_streamed_bytes / sizeof(float) + 1;
+  bool const streams = GRADCOMP_HOST_STREAMING_STORES != 0;
+  for (int threads : {1, 3}) {
+    INFO("threads " << threads);
+    host_space const space{.threads = threads, .streamed_bytes = 0};
+    std::vector<float> a(n), b(n);
+    for (auto& x : a) x = uniform(rng);
+    for (auto& x : b) x = uniform(rng);
+    buffer<float, host_space> in_place(n, space), lines(n, space), quarter(n + 4, space), unaligned(n + 1, space);
+    std::memcpy(in_place.data(), a.data(), n * sizeof(float));
+    for (auto* out : {&lines, &quarter, &unaligned})
+      std::fill(out->data(), out->data() + out->size(), std::numeric_limits<float>::quiet_NaN());
+    float* const quarter_out = quarter.data() + 4;  // 16-byte aligned, not 64
+    float* const unaligned_out = unaligned.data() + 1;
+    float const* const reads = in_place.data();
+    CHECK(detail::host_streams(0, lines.data(), 0, n, reads, b.data()) == streams);
+    CHECK(detail::host_streams(0, quarter_out, 0, n, reads, b.data()) == streams);
+    CHECK_FALSE(detail::host_streams(0, unaligned_out, 0, n, reads, b.data()));
+    CHECK_FALSE(detail::host_streams(0, in_place.data(), 0, n, reads, b.data()));
+    // the default: only beyond tuning::host_streamed_bytes
+    CHECK_FALSE(host_space{}.streamed_bytes < detail::tuning::host_streamed_bytes);
+    CHECK_FALSE(detail::host_streams(host_space{}.streamed_bytes, lines.data(), 0, big - 1, reads));
+    CHECK(detail::host_streams(host_space{}.streamed_bytes, lines.data(), 0, big, reads) == streams);
+    transform(space, n, inputs(reads, b.data()), outputs(lines.data(), quarter_out, unaligned_out, in_place.data()),
+              [](std::size_t i, float x, float y, float& product, float& sum, float& difference, float& replaced) {
+                product = x * y + static_cast<float>(i % 5);
+                sum = x + y;
+                difference = x - y;
+                replaced = x * 0.5f;
+              });
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      float const x = a[i], y = b[i];
+      wrong += lines.data()[i] == x * y + static_cast<float>(i % 5) && quarter_out[i] == x + y &&
+                       unaligned_out[i] == x - y && in_place.data()[i] == x * 0.5f
+                   ? 0
+                   : 1;
+    }
+    CHECK(wrong == 0);
+    CHECK(std::isnan(quarter.data()[3]));  // nothing before the outputs
+    CHECK(std::isnan(unaligned.data()[0]));
+
+    buffer<bfloat16, host_space> narrow(n, space);
+    CHECK(detail::host_streams(0, widened<bfloat16>{narrow.data()}, 0, n, b.data()) == streams);
+    transform(space, n, inputs(b.data()), outputs(widened<bfloat16>{narrow.data()}),
+              [](std::size_t, float x, float& out) { out = x * 3.0f; });
+    wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) wrong += narrow.data()[i].bits == bfloat16(b[i] * 3.0f).bits ? 0 : 1;
+    CHECK(wrong == 0);
+  }
 }
 
 // host_space::fill_zero memsets large fills in runs over the space's

@@ -51,6 +51,44 @@ TEST_CASE("every compressor gives every rank the same bits, and the same inputs 
   }
 }
 
+// Outputs written around the cache (host_space::streamed_bytes: by default
+// only those beyond tens of MiB; here every one) give the bits ordinary
+// stores give, in every compressor's passes, with and without error
+// feedback, over steps whose residuals carry on, on buckets that span
+// several threads' chunks.
+TEST_CASE("streaming stores change no bit of any compressor's step") {
+  int const ranks = 2;
+  for_each_compressor([&](auto c, double) {
+    using C = decltype(c);
+    auto run = [&](auto ef, std::size_t streamed_bytes) {
+      using EF = decltype(ef);
+      std::vector<std::vector<float>> outputs(ranks);
+      local_group::run(ranks, [&](local_group::communicator& comm) {
+        host_reducer<C, EF, local_group::communicator> reduce(
+            c, comm, odd_layout(100), host_space{.threads = 2, .streamed_bytes = streamed_bytes});
+        std::size_t const d = reduce.layout().size();
+        for (int step = 0; step < 3; ++step) {
+          auto g = random_gradient(2000 + step, comm.rank(), d);
+          reduce({g.data(), d});
+          outputs[comm.rank()].insert(outputs[comm.rank()].end(), g.begin(), g.end());
+        }
+      });
+      return outputs;
+    };
+    auto compare = [&](auto ef) {
+      auto const streamed = run(ef, 0), stored = run(ef, std::numeric_limits<std::size_t>::max());
+      std::string const what = std::string(C::name) + (decltype(ef)::enabled ? " with" : " without");
+      INFO(what << " error feedback");
+      for (int r = 0; r < ranks; ++r) {
+        REQUIRE(streamed[r].size() == stored[r].size());
+        CHECK(std::memcmp(streamed[r].data(), stored[r].data(), stored[r].size() * sizeof(float)) == 0);
+      }
+    };
+    compare(error_feedback::residual{});
+    compare(error_feedback::none{});
+  });
+}
+
 // Over many steps, what the ranks output plus what they keep is what they
 // had: sum_t out_t + mean_r e_r,T = sum_t mean_r g_r,t, to the rounding of
 // each step's sums and decodes (bounded here step by step).

@@ -15,14 +15,17 @@
 //
 // Host: OpenMP threads over chunks of 2048 elements; inside a chunk every
 // stream is a plain array (noise drawn for the chunk first), so the element
-// loop vectorizes. CUDA (transform.cuh): a tile of 256 threads x `items` per
-// block, each thread's items loaded and stored as 16-byte vectors where the
-// stream's alignment allows (a scalar tail otherwise); `items` is chosen in
-// one place, transform_shape, from the bytes the pass reads per element.
+// loop vectorizes; an output larger than the cache is written with streaming
+// stores (host_space::streamed_bytes). CUDA (transform.cuh): a tile of 256
+// threads x `items` per block, each thread's items loaded and stored as
+// 16-byte vectors where the stream's alignment allows (a scalar tail
+// otherwise); `items` is chosen in one place, transform_shape, from the bytes
+// the pass reads per element.
 #pragma once
 
 #include <gradcomp/algorithm/streams.hpp>
 #include <gradcomp/detail/convert.hpp>
+#include <gradcomp/detail/streaming_store.hpp>
 #include <gradcomp/execution.hpp>
 
 #include <bit>
@@ -88,15 +91,6 @@ inline float const* host_input(rounding_noise const& noise, std::size_t begin, s
   return uniforms;
 }
 
-template <class T>
-T* host_output(T* p, std::size_t begin) {
-  return p + begin;
-}
-template <class T>
-discard_cursor<T> host_output(discard<T>, std::size_t) {
-  return {};
-}
-
 // Outputs go straight to memory, except 16-bit ones: the chunk's floats are
 // staged, then narrowed (flush) once the chunk's elements are done. A
 // discarded float output (no error feedback's residual) is staged too, and
@@ -109,20 +103,76 @@ inline constexpr bool is_widened<widened<T>> = true;
 template <class S>
 inline constexpr bool is_staged = is_widened<S> || std::is_same_v<S, discard<float>>;
 
+// An output of more than host_space::streamed_bytes is written around the
+// cache: its chunk's elements go to a chunk buffer, which the flush copies
+// out with streaming stores (so the pass does not read the lines it
+// overwrites). A chunk whose memory is not 16-byte aligned is written as usual.
 template <class S>
-auto host_output(S s, std::size_t begin, float*) {
-  return host_output(s, begin);
+struct stream_chunk {};
+template <class T>
+struct stream_chunk<T*> {
+  alignas(64) T data[host_chunk];
+};
+template <class T>
+struct stream_chunk<widened<T>> {
+  alignas(64) T data[host_chunk];
+};
+// The memory a resolved stream reads or writes (null: none of its own).
+template <class S>
+void const* stream_memory(S) {
+  return nullptr;
 }
 template <class T>
-float* host_output(widened<T>, std::size_t, float* staging) {
+void const* stream_memory(T* p) {
+  return p;
+}
+template <class T>
+void const* stream_memory(widened<T> s) {
+  return s.data;
+}
+// Whether output `s` streams in the chunk at `begin` of an n-element pass
+// that reads `inputs` (streams_output).
+template <class T, class... In>
+bool host_streams(std::size_t above, T* s, std::size_t begin, std::size_t n, In const&... inputs) {
+  return streams_output(above, s, begin, n, stream_memory(inputs)...);
+}
+template <class T, class... In>
+bool host_streams(std::size_t above, widened<T> s, std::size_t begin, std::size_t n, In const&... inputs) {
+  return streams_output(above, s.data, begin, n, stream_memory(inputs)...);
+}
+template <class T, class... In>
+bool host_streams(std::size_t, discard<T>, std::size_t, std::size_t, In const&...) {
+  return false;
+}
+
+template <class T>
+T* host_output(T* p, std::size_t begin, float*, stream_chunk<T*>& chunk, bool streamed) {
+  return streamed ? chunk.data : p + begin;
+}
+template <class T>
+discard_cursor<T> host_output(discard<T>, std::size_t, float*, stream_chunk<discard<T>>&, bool) {
+  return {};
+}
+inline float* host_output(discard<float>, std::size_t, float* staging, stream_chunk<discard<float>>&, bool) {
   return staging;
 }
-inline float* host_output(discard<float>, std::size_t, float* staging) { return staging; }
-template <class S>
-void host_flush(S, std::size_t, std::size_t, float const*) {}
 template <class T>
-void host_flush(widened<T> s, std::size_t begin, std::size_t len, float const* staging) {
-  narrow_run(staging, s.data + begin, len);
+float* host_output(widened<T>, std::size_t, float* staging, stream_chunk<widened<T>>&, bool) {
+  return staging;
+}
+
+template <class T>
+void host_flush(T* p, std::size_t begin, std::size_t len, float const*, stream_chunk<T*> const& chunk, bool streamed) {
+  if (streamed) stream_copy(p + begin, chunk.data, len * sizeof(T));
+}
+template <class T>
+void host_flush(discard<T>, std::size_t, std::size_t, float const*, stream_chunk<discard<T>> const&, bool) {}
+template <class T>
+void host_flush(widened<T> s, std::size_t begin, std::size_t len, float const* staging, stream_chunk<widened<T>>& chunk,
+                bool streamed) {
+  if (!streamed) return narrow_run(staging, s.data + begin, len);
+  narrow_run(staging, chunk.data, len);
+  stream_copy(s.data + begin, chunk.data, len * sizeof(T));
 }
 
 /// False for an op that declares its element work unvectorizable.
@@ -182,24 +232,33 @@ void host_transform(host_space const& space, std::size_t n, pack<I...> const& in
   std::size_t const chunks = (n + host_chunk - 1) / host_chunk;
   [[maybe_unused]] int const threads = space.threads_for(n);
   std::uint64_t bad = 0;
-  GRADCOMP_OMP(parallel for schedule(static) num_threads(threads) reduction(+ : bad))
-  for (std::size_t c = 0; c < chunks; ++c) {
-    std::size_t const begin = c * host_chunk, len = begin + host_chunk <= n ? host_chunk : n - begin;
-    [[maybe_unused]] auto const rout = resolve_all(out);
-    if (state == gate_state::poisoned) {
-      (host_poison(get<Os>(rout), begin, len), ...);
-      continue;
+  GRADCOMP_OMP(parallel num_threads(threads) reduction(+ : bad)) {
+    GRADCOMP_OMP(for schedule(static) nowait)
+    for (std::size_t c = 0; c < chunks; ++c) {
+      std::size_t const begin = c * host_chunk, len = begin + host_chunk <= n ? host_chunk : n - begin;
+      [[maybe_unused]] auto const rout = resolve_all(out);
+      if (state == gate_state::poisoned) {
+        (host_poison(get<Os>(rout), begin, len), ...);
+        continue;
+      }
+      [[maybe_unused]] auto const rin = resolve_all(in);
+      [[maybe_unused]] alignas(
+          64) float uniforms[host_chunk];  // noise streams' chunk (each stream its own would need more; one suffices)
+      [[maybe_unused]] alignas(64) float widened_in[(is_widened<I> || ...) ? sizeof...(I) : 1][host_chunk];
+      [[maybe_unused]] alignas(64) float staging[(is_staged<O> || ...) ? sizeof...(O) : 1][host_chunk];
+      [[maybe_unused]] pack<stream_chunk<resolved_t<O>>...> streamed_chunks;
+      [[maybe_unused]] bool const streamed[sizeof...(O) + 1] = {
+          host_streams(space.streamed_bytes, get<Os>(rout), begin, n, get<Is>(rin)...)..., false};
+      auto const cin = make_pack(host_input(get<Is>(rin), begin, len,
+                                            is_widened<I> ? widened_in[(is_widened<I> || ...) ? Is : 0] : uniforms)...);
+      auto const cout = make_pack(host_output(get<Os>(rout), begin, staging[(is_staged<O> || ...) ? Os : 0],
+                                              get<Os>(streamed_chunks), streamed[Os])...);
+      bad += host_chunk_run<Op>(bind_op(op), cin, cout, begin, len, is, os);
+      (host_flush(get<Os>(rout), begin, len, staging[(is_staged<O> || ...) ? Os : 0], get<Os>(streamed_chunks),
+                  streamed[Os]),
+       ...);
     }
-    [[maybe_unused]] auto const rin = resolve_all(in);
-    [[maybe_unused]] alignas(
-        64) float uniforms[host_chunk];  // noise streams' chunk (each stream its own would need more; one suffices)
-    [[maybe_unused]] alignas(64) float widened_in[(is_widened<I> || ...) ? sizeof...(I) : 1][host_chunk];
-    [[maybe_unused]] alignas(64) float staging[(is_staged<O> || ...) ? sizeof...(O) : 1][host_chunk];
-    auto const cin = make_pack(host_input(get<Is>(rin), begin, len,
-                                          is_widened<I> ? widened_in[(is_widened<I> || ...) ? Is : 0] : uniforms)...);
-    auto const cout = make_pack(host_output(get<Os>(rout), begin, staging[(is_staged<O> || ...) ? Os : 0])...);
-    bad += host_chunk_run<Op>(bind_op(op), cin, cout, begin, len, is, os);
-    (host_flush(get<Os>(rout), begin, len, staging[(is_staged<O> || ...) ? Os : 0]), ...);
+    stream_fence();  // before the region's barrier: other threads may read the outputs next
   }
   if (options.count != nullptr) *options.count += bad;
 }

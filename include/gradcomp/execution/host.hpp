@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gradcomp/config.hpp>
+#include <gradcomp/execution/tuning.hpp>
 #include <gradcomp/span.hpp>
 
 #include <cstddef>
@@ -22,6 +23,10 @@ struct host_space {
 
   /// OpenMP threads per loop; 0 uses OpenMP's default. Ignored without OpenMP.
   int threads = 0;
+  /// A pass writes an output of more bytes than this with streaming stores,
+  /// around the cache (see tuning::host_streamed_bytes): lower it where a
+  /// bucket's outputs are not read again while the cache still holds them.
+  std::size_t streamed_bytes = detail::tuning::host_streamed_bytes;
 
   /// Allocates `bytes` aligned to 64 bytes (a cache line, a full AVX-512
   /// vector). Throws std::bad_alloc.
