@@ -31,6 +31,7 @@
 #include <gradcomp/algorithm/transform.hpp>
 #include <gradcomp/compressors/detail/mean_codec.hpp>
 #include <gradcomp/detail/hash.hpp>
+#include <gradcomp/detail/streaming_store.hpp>
 #include <gradcomp/pipeline/compressor.hpp>
 #include <gradcomp/types.hpp>
 
@@ -130,7 +131,10 @@ struct topkc_unpack {
 
 /// The output pass on the host, chunk by chunk: the choice (chosen or
 /// dropped) holds for a whole inner loop, and both loops vectorize. The same
-/// formulas as topkc_unpack, element for element.
+/// formulas as topkc_unpack, element for element. A next residual larger
+/// than host_space::streamed_bytes goes out with streaming stores, a chunk
+/// at a time (chunks of up to host_chunk elements; the gradient is
+/// overwritten in place, so it is cached already).
 template <class Value, class EF, class G>
 void topkc_output(host_space const& space, std::size_t d, std::size_t chunk, G* gradient, EF const& ef,
                   topkc_unpack<Value> const& f, gate when) {
@@ -138,30 +142,46 @@ void topkc_output(host_space const& space, std::size_t d, std::size_t chunk, G* 
   if (state == gate_state::closed) return;
   std::size_t const chunks = (d + chunk - 1) / chunk;
   [[maybe_unused]] int const threads = space.threads_for(d);
-  GRADCOMP_OMP(parallel for schedule(static) num_threads(threads))
-  for (std::size_t j = 0; j < chunks; ++j) {
-    std::size_t const begin = j * chunk, end = begin + chunk < d ? begin + chunk : d;
-    if (state == gate_state::poisoned) {
-      for (std::size_t i = begin; i < end; ++i) store_gradient(gradient, i, poison_value<float>());
-      continue;
-    }
+  GRADCOMP_OMP(parallel num_threads(threads)) {
     auto const e = ef.bind();  // a local copy: its pointers stay in registers
-    std::uint32_t const k = f.position[j];
-    if (k == not_selected) {
-      GRADCOMP_OMP(simd)
-      for (std::size_t i = begin; i < end; ++i) {
-        e.update(i, e.accumulate(i, load_gradient(gradient, i)));
-        store_gradient(gradient, i, 0.0f);
+    constexpr bool keeps = decltype(e)::keeps_residual;
+    [[maybe_unused]] alignas(64) float staged[keeps ? host_chunk : 1];
+    bool streamed = false;
+    if constexpr (keeps)
+      streamed = chunk <= host_chunk && chunk * sizeof(float) % 16 == 0 &&
+                 streams_output(space.streamed_bytes, e.next, 0, d, e.previous);
+    GRADCOMP_OMP(for schedule(static) nowait)
+    for (std::size_t j = 0; j < chunks; ++j) {
+      std::size_t const begin = j * chunk, end = begin + chunk < d ? begin + chunk : d;
+      if (state == gate_state::poisoned) {
+        for (std::size_t i = begin; i < end; ++i) store_gradient(gradient, i, poison_value<float>());
+        continue;
       }
-    } else {
-      Value const* summed = f.summed + (static_cast<std::size_t>(k) << f.shift) - begin;
-      GRADCOMP_OMP(simd)
-      for (std::size_t i = begin; i < end; ++i) {
-        float const acc = e.accumulate(i, load_gradient(gradient, i));
-        e.update(i, mean_codec<Value>::residual(acc, mean_codec<Value>::encode(acc, f.inverse), f.ranks));
-        store_gradient(gradient, i, mean_codec<Value>::mean(summed[i]));
+      // Element i's next residual goes to next[i - begin].
+      [[maybe_unused]] float* __restrict next = nullptr;
+      if constexpr (keeps) next = streamed ? staged : e.next + begin;
+      std::uint32_t const k = f.position[j];
+      if (k == not_selected) {
+        GRADCOMP_OMP(simd)
+        for (std::size_t i = begin; i < end; ++i) {
+          float const acc = e.accumulate(i, load_gradient(gradient, i));
+          if constexpr (keeps) next[i - begin] = acc;
+          store_gradient(gradient, i, 0.0f);
+        }
+      } else {
+        Value const* summed = f.summed + (static_cast<std::size_t>(k) << f.shift) - begin;
+        GRADCOMP_OMP(simd)
+        for (std::size_t i = begin; i < end; ++i) {
+          float const acc = e.accumulate(i, load_gradient(gradient, i));
+          if constexpr (keeps)
+            next[i - begin] = mean_codec<Value>::residual(acc, mean_codec<Value>::encode(acc, f.inverse), f.ranks);
+          store_gradient(gradient, i, mean_codec<Value>::mean(summed[i]));
+        }
       }
+      if constexpr (keeps)
+        if (streamed) stream_copy(e.next + begin, staged, (end - begin) * sizeof(float));
     }
+    stream_fence();  // before the region's barrier: the next pass may read on other threads
   }
 }
 
