@@ -14,12 +14,14 @@
 #include <gradcomp/algorithm/streams.hpp>
 #include <gradcomp/compressors/thc/host_rotation.hpp>
 #include <gradcomp/compressors/thc/math.hpp>
+#include <gradcomp/detail/streaming_store.hpp>
 #include <gradcomp/execution.hpp>
 
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace gradcomp::inline GRADCOMP_ABI::detail {
 
@@ -114,7 +116,8 @@ struct thc_encode {
   // Host: the block in `buffer`, its signs in `signs`, acc in `accs` (B
   // floats each). The random numbers come one Philox call per 128 signs and
   // per 8 (uniform) or 4 (table) roundings.
-  void block(std::size_t b, float* buffer, float* signs, float* accs, uint4x32* noise) const {
+  void block(std::size_t b, float* buffer, float* signs, float* accs, uint4x32* noise,
+             std::size_t streamed_bytes) const {
     std::size_t const first = b * p.block;
     std::size_t const inside = p.inside(first);
     auto const e = ef.bind();                  // a local copy: its pointers stay in registers, the loops vectorize
@@ -123,11 +126,14 @@ struct thc_encode {
     float* x = buffer;  // (no __restrict: the rotations below write the block too)
     float const* sign = signs;
     float const forward = p.forward_scale(b), backward = p.backward_scale(b);
+    bool streamed = false;  // (the residual, written around the cache, is not fetched)
+    if constexpr (decltype(e)::keeps_residual)
+      streamed = streams_output(streamed_bytes, e.next, first, p.n, e.previous);
     if (std::size_t const next = first + p.block, count = p.inside(next); count > 0) {
       host_prefetch(gradient + next, count * sizeof(G));
       if constexpr (decltype(e)::keeps_residual) {
         host_prefetch(e.previous + next, count * sizeof(float));
-        host_prefetch(e.next + next, count * sizeof(float), true);
+        if (!streamed) host_prefetch(e.next + next, count * sizeof(float), true);
       }
     }
     host_signs(p, first, signs);
@@ -156,6 +162,12 @@ struct thc_encode {
       }
     }
     host_rotate(buffer, p.block, p.stages);
+    if constexpr (decltype(e)::keeps_residual) {
+      if (streamed) {  // a residual larger than the cache: around it
+        for (std::size_t t = 0; t < inside; ++t) acc[t] = acc[t] - thc_restore(x[t], backward, sign[t]);
+        return stream_copy(e.next + first, acc, inside * sizeof(float));
+      }
+    }
     for (std::size_t t = 0; t < inside; ++t) e.update(first + t, acc[t] - thc_restore(x[t], backward, sign[t]));
   }
 
@@ -178,12 +190,16 @@ struct thc_decode {
   Lane const* summed;
   G* gradient;
 
-  void block(std::size_t b, float* buffer, float* signs, float*, uint4x32*) const {
+  // Host: the block in `buffer`, its signs in `signs`, and its output in
+  // `staged` where it streams (B floats each).
+  void block(std::size_t b, float* buffer, float* signs, float* staged, uint4x32*, std::size_t streamed_bytes) const {
     std::size_t const first = b * p.block;
     float const backward = p.backward_scale(b);
+    bool const streamed =
+        std::is_same_v<G, float> && streams_output(streamed_bytes, gradient, first, p.n);  // (then not fetched)
     if (std::size_t const next = first + p.block, count = p.inside(next); count > 0) {
       host_prefetch(summed + next, p.block * sizeof(Lane));
-      host_prefetch(gradient + next, count * sizeof(G), true);
+      if (!streamed) host_prefetch(gradient + next, count * sizeof(G), true);
     }
     for (std::size_t t = 0; t < p.block; ++t) dequantize(buffer, first, t);
     host_rotate(buffer, p.block, p.stages);
@@ -192,6 +208,13 @@ struct thc_decode {
     float const* __restrict x = buffer;
     float const* __restrict sign = signs;
     std::size_t const inside = p.inside(first);  // (a count: the loop vectorizes)
+    if constexpr (std::is_same_v<G, float>) {
+      if (streamed) {  // an output larger than the cache: around it
+        float* __restrict values = staged;
+        for (std::size_t t = 0; t < inside; ++t) values[t] = thc_restore(x[t], backward, sign[t]);
+        return stream_copy(out, values, inside * sizeof(float));
+      }
+    }
     for (std::size_t t = 0; t < inside; ++t) out[t] = G(thc_restore(x[t], backward, sign[t]));
   }
   GRADCOMP_HOST_DEVICE void dequantize(float* buffer, std::size_t first, std::size_t t) const {
@@ -226,8 +249,10 @@ void for_each_block(host_space const& space, block_range blocks, std::size_t blo
   GRADCOMP_OMP(parallel num_threads(threads)) {
     alignas(64) float buffer[4096], signs[4096], accs[4096];  // the largest rotation block
     uint4x32 noise[4096 / 4 + 1];
-    GRADCOMP_OMP(for schedule(static))
-    for (std::size_t b = blocks.first; b < blocks.end; ++b) f.block(b, buffer, signs, accs, noise);
+    GRADCOMP_OMP(for schedule(static) nowait)
+    for (std::size_t b = blocks.first; b < blocks.end; ++b)
+      f.block(b, buffer, signs, accs, noise, space.streamed_bytes);
+    stream_fence();  // (a block may stream its output) before the region's barrier
   }
 }
 
