@@ -247,6 +247,7 @@ void host_transform(host_space const& space, std::size_t n, pack<I...> const& in
       [[maybe_unused]] alignas(64) float widened_in[(is_widened<I> || ...) ? sizeof...(I) : 1][host_chunk];
       [[maybe_unused]] alignas(64) float staging[(is_staged<O> || ...) ? sizeof...(O) : 1][host_chunk];
       [[maybe_unused]] pack<stream_chunk<resolved_t<O>>...> streamed_chunks;
+      // (one more than the outputs: a pass may have none)
       [[maybe_unused]] bool const streamed[sizeof...(O) + 1] = {
           host_streams(space.streamed_bytes, get<Os>(rout), begin, n, get<Is>(rin)...)..., false};
       auto const cin = make_pack(host_input(get<Is>(rin), begin, len,
