@@ -4,9 +4,11 @@
 // the runs of 16-bit conversions (detail/convert.hpp) over every half and
 // floats around every rounding boundary, NaN and infinity included; THC's
 // rotation in registers over every block size and stage count; Philox in
-// vector lanes (detail/philox_lanes.hpp). Skipped (77) on a CPU without the
-// build's instruction set.
+// vector lanes (detail/philox_lanes.hpp); two-scale QSGD's units in float
+// (with a fused multiply-add) against its units in double. Skipped (77) on a
+// CPU without the build's instruction set.
 #define DOCTEST_CONFIG_IMPLEMENT
+#include <gradcomp/compressors/qsgd_multiscale/qsgd_multiscale.hpp>
 #include <gradcomp/compressors/thc/blocks.hpp>
 #include <gradcomp/detail/convert.hpp>
 #include <gradcomp/random.hpp>
@@ -17,7 +19,9 @@
 #include <cpuid.h>
 #endif
 
+#include <array>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -117,6 +121,69 @@ TEST_CASE("Philox in vector lanes gives the scalar function's words") {
       CHECK(std::memcmp(lanes.data(), scalar.data(), (count + 1) * sizeof(gradcomp::uint4x32)) == 0);
     }
   }
+}
+
+// Over norms across float's range (and below it, where the units are not
+// floats and the step keeps them in double), scale sets and rank counts, and
+// values from far below a unit to beyond the largest code (clamped), random
+// bit patterns among them: the encode pass gives the same codes and
+// residuals, the decode pass the same values, whichever type holds the units.
+TEST_CASE("two-scale QSGD's units in float give the bits of its units in double") {
+  using namespace gradcomp;
+  static_assert(detail::host_fused_multiply_add, "built for a target with FMA");
+  std::mt19937_64 rng(13);
+  std::size_t const n = 4096 + 3;  // whole chunks and a tail
+  int in_float = 0, in_double = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    int const ranks = 1 + trial % 8;
+    qsgd_multiscale const c{.bits = trial % 2 == 0 ? std::array{6, 10, 0, 0} : std::array{2, 5, 7, 12}};
+    detail::multiscale_scales const m = c.scales_for(ranks);
+    double const norm = std::exp(std::uniform_real_distribution<double>(-105.0, 88.0)(rng));  // 2.5e-46 to 1.7e38
+    detail::multiscale_factors const f = detail::multiscale_factors::of(m, norm * norm);
+    bool const floats = f.float_units;
+    for (int j = 0; j < m.count; ++j)
+      CHECK(floats <= (static_cast<double>(static_cast<float>(f.unit[j])) == f.unit[j]));
+    if (!floats) {
+      ++in_double;
+      continue;
+    }
+    ++in_float;
+    std::vector<float> g(n), e(n), u(n);
+    std::vector<std::uint8_t> index(n);
+    std::vector<std::int8_t> sums(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      double const relative = std::exp(std::uniform_real_distribution<double>(-80.0, 1.0)(rng));
+      g[k] = static_cast<float>((rng() & 1 ? norm : -norm) * relative);
+      e[k] = k % 3 == 0 ? 0.0f : g[k] * std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+      if (k % 11 == 0) g[k] = std::bit_cast<float>(static_cast<std::uint32_t>(rng()) & 0xf7ffffffu);  // finite
+      if (!std::isfinite(g[k] + e[k])) g[k] = e[k] = 0.0f;
+      u[k] = static_cast<float>(rng() >> 40) * 0x1p-24f;
+      index[k] = static_cast<std::uint8_t>(rng() % static_cast<unsigned>(m.count));
+      sums[k] = static_cast<std::int8_t>(static_cast<int>(rng() % 255) - 127);
+    }
+    auto encode = [&](auto op) {
+      std::vector<std::int8_t> codes(n, 99);
+      std::vector<float> next(n, -7.0f);
+      transform(host_space{}, n, inputs(g.data(), e.data(), index.data(), u.data()), outputs(codes.data(), next.data()),
+                op);
+      return std::pair{codes, next};
+    };
+    auto decode = [&](auto op) {
+      std::vector<float> out(n, -7.0f);
+      transform(host_space{}, n, inputs(sums.data(), index.data()), outputs(out.data()), op);
+      return out;
+    };
+    auto const [codes_f, next_f] = encode(detail::multiscale_encode<true>{&f, m.share});
+    auto const [codes_d, next_d] = encode(detail::multiscale_encode<false>{&f, m.share});
+    auto const out_f = decode(detail::multiscale_decode<true>{&f});
+    auto const out_d = decode(detail::multiscale_decode<false>{&f});
+    INFO("trial " << trial << ", norm " << norm << ", " << ranks << " ranks");
+    CHECK(codes_f == codes_d);
+    CHECK(std::memcmp(next_f.data(), next_d.data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(out_f.data(), out_d.data(), n * sizeof(float)) == 0);
+  }
+  CHECK(in_float > 200);  // most norms are in float's range
+  CHECK(in_double > 0);   // the tiniest are not
 }
 
 int main(int argc, char** argv) {

@@ -13,6 +13,11 @@
 // pass [reads codes, index; writes g].
 // Wire: d x (1 + 1) + 8 bytes, a 16-bit baseline's, which is what it must be
 // measured against.
+//
+// The units that turn codes back into values are doubles (qsgd_scale's). On
+// the host, a step whose units are all floats (the bucket's norm is not near
+// float's smallest values) applies them in float: the same bits for a third
+// of the vector work (multiscale_encode).
 #pragma once
 
 #include <gradcomp/algorithm/transform.hpp>
@@ -21,10 +26,12 @@
 #include <gradcomp/pipeline/compressor.hpp>
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace gradcomp::inline GRADCOMP_ABI {
 namespace detail {
@@ -51,24 +58,44 @@ struct per_scale {
     x = j == 2 ? v2 : x;
     return j == 3 ? v3 : x;
   }
-  GRADCOMP_HOST_DEVICE static per_scale of(T const (&a)[max_scales]) { return {a[0], a[1], a[2], a[3]}; }
+  template <class U>  // (a double unit to float: exact where the step takes that path)
+  GRADCOMP_HOST_DEVICE static per_scale of(U const (&a)[max_scales]) {
+    return {static_cast<T>(a[0]), static_cast<T>(a[1]), static_cast<T>(a[2]), static_cast<T>(a[3])};
+  }
 };
 
 /// The step's per-scale factors, from the agreed squared norm (qsgd_scale's).
 struct multiscale_factors {
   float scale[max_scales];
   double unit[max_scales], mean_unit[max_scales];
+  bool float_units;  ///< Every unit and mean unit in use is a float.
   GRADCOMP_HOST_DEVICE static multiscale_factors of(multiscale_scales const& m, double squared_norm) {
     multiscale_factors f{};
+    f.float_units = true;
     for (int j = 0; j < max_scales; ++j) {
       qsgd_scale const k = qsgd_scale::of(squared_norm, j < m.count ? m.levels[j] : 1.0, m.ranks);
       f.scale[j] = k.scale;
       f.unit[j] = k.unit;
       f.mean_unit[j] = k.mean_unit;
+      if (j < m.count) f.float_units = f.float_units && is_float(k.unit) && is_float(k.mean_unit);
     }
     return f;
   }
+  GRADCOMP_HOST_DEVICE static bool is_float(double x) { return static_cast<double>(static_cast<float>(x)) == x; }
 };
+
+/// Whether the host's float residual (a fused multiply-add) is an
+/// instruction here, not a library call.
+#if defined(__FMA__)
+inline constexpr bool host_fused_multiply_add = true;
+#else
+inline constexpr bool host_fused_multiply_add = false;
+#endif
+
+/// A step's units in double, or in float where multiscale_factors::
+/// float_units holds.
+template <bool FloatUnits>
+using multiscale_unit = std::conditional_t<FloatUnits, float, double>;
 
 /// Computes the step's factors once, from the agreed norm (one thread).
 struct multiscale_bind {
@@ -99,37 +126,49 @@ struct multiscale_propose {  // the finest scale whose code fits this rank's sha
   }
 };
 
+/// The residual acc - code x unit is exact in double (a code has at most 8
+/// bits, a unit 24) and then rounded to float. In float, with units that
+/// are floats, a fused multiply-add rounds the exact value once and gives
+/// the same bits: where double's difference is not exact, one operand is
+/// too small to move float's rounding (a code comes from acc, so a large
+/// code times a unit is near acc, and a code of 1 times a unit is a float).
+template <bool FloatUnits>
 struct multiscale_encode {
   multiscale_factors const* factors;
   float share;
   per_scale<float> scale{};
-  per_scale<double> unit{};
+  per_scale<multiscale_unit<FloatUnits>> unit{};
   GRADCOMP_HOST_DEVICE multiscale_encode bind() const {
     multiscale_encode b = *this;
     b.scale = per_scale<float>::of(factors->scale);
-    b.unit = per_scale<double>::of(factors->unit);
+    b.unit = per_scale<multiscale_unit<FloatUnits>>::of(factors->unit);
     return b;
   }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, float g, float e, std::uint8_t index, float u, std::int8_t& code,
                                        float& e_next) const {
     float const acc = g + e;
-    qsgd_scale const k{scale[index], unit[index], 0.0};
-    std::int32_t const c = k.code(acc, u, share);
+    std::int32_t const c = qsgd_scale{scale[index], 0.0, 0.0}.code(acc, u, share);
     code = static_cast<std::int8_t>(c);
-    e_next = k.residual(acc, c);
+    if constexpr (FloatUnits)
+      e_next = fmaf(-static_cast<float>(c), unit[index], acc);
+    else
+      e_next = qsgd_scale{0.0f, unit[index], 0.0}.residual(acc, c);
   }
 };
 
+/// sum x mean_unit, exact in double and then rounded; in float, with a
+/// float mean unit, rounded once from the same exact product.
+template <bool FloatUnits>
 struct multiscale_decode {
   multiscale_factors const* factors;
-  per_scale<double> mean_unit{};
+  per_scale<multiscale_unit<FloatUnits>> mean_unit{};
   GRADCOMP_HOST_DEVICE multiscale_decode bind() const {
     multiscale_decode b = *this;
-    b.mean_unit = per_scale<double>::of(factors->mean_unit);
+    b.mean_unit = per_scale<multiscale_unit<FloatUnits>>::of(factors->mean_unit);
     return b;
   }
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, std::int8_t sum, std::uint8_t index, float& g) const {
-    g = static_cast<float>(static_cast<double>(sum) * mean_unit[index]);
+    g = static_cast<float>(static_cast<multiscale_unit<FloatUnits>>(sum) * mean_unit[index]);
   }
 };
 
@@ -253,15 +292,28 @@ struct qsgd_multiscale {
     transform(space, d, inputs(detail::gradient_stream(gradient), ef.previous()), outputs(ws.index),
               detail::multiscale_propose{factors, m});
     ctx.all_reduce(ws.index, reduce_op::min);
-    transform(space, d,
-              inputs(detail::gradient_stream(gradient), ef.previous(), ws.index,
-                     rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
-              outputs(ws.codes, ef.next()), detail::multiscale_encode{factors, m.share});
+    // pass(std::true_type) on the host where `allowed` and the step's units
+    // are floats (its factors are in host memory, computed by now), else
+    // pass(std::false_type): a CUDA step keeps its units in double rather
+    // than wait for the factors.
+    auto const in_float_where = [&](auto allowed, auto const& pass) {
+      if constexpr (decltype(allowed)::value && std::is_same_v<typename Context::memory, host_memory>)
+        if (factors->float_units) return pass(std::true_type{});
+      pass(std::false_type{});
+    };
+    in_float_where(std::bool_constant<detail::host_fused_multiply_add>{}, [&](auto float_path) {
+      transform(space, d,
+                inputs(detail::gradient_stream(gradient), ef.previous(), ws.index,
+                       rounding_noise{ctx.random(seed, random_purpose::rounding, ctx.own_lane())}),
+                outputs(ws.codes, ef.next()), detail::multiscale_encode<decltype(float_path)::value>{factors, m.share});
+    });
     ctx.aggregate_elementwise(ws.codes, ws.scratch);
     auto const [first, count] = ctx.output_range();
-    transform(space, count, inputs(ws.codes.subspan(first, count), ws.index.subspan(first, count)),
-              outputs(detail::gradient_stream(gradient.subspan(first, count))), detail::multiscale_decode{factors},
-              {.when = ctx.output_gate()});
+    in_float_where(std::true_type{}, [&, first = first, count = count](auto float_path) {
+      transform(space, count, inputs(ws.codes.subspan(first, count), ws.index.subspan(first, count)),
+                outputs(detail::gradient_stream(gradient.subspan(first, count))),
+                detail::multiscale_decode<decltype(float_path)::value>{factors}, {.when = ctx.output_gate()});
+    });
   }
 };
 
