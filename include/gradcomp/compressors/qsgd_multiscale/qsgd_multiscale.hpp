@@ -16,8 +16,9 @@
 //
 // The units that turn codes back into values are doubles (qsgd_scale's). On
 // the host, a step whose units are all floats (the bucket's norm is not near
-// float's smallest values) applies them in float: the same bits for a third
-// of the vector work (multiscale_encode).
+// float's smallest values) applies them in float, the residual with a fused
+// multiply-add where the target has one: the same bits without converting
+// every element to double and back (multiscale_encode).
 #pragma once
 
 #include <gradcomp/algorithm/transform.hpp>
