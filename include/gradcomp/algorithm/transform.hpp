@@ -255,8 +255,8 @@ void host_transform(host_space const& space, std::size_t n, pack<I...> const& in
       auto const cout = make_pack(host_output(get<Os>(rout), begin, staging[(is_staged<O> || ...) ? Os : 0],
                                               get<Os>(streamed_chunks), streamed[Os])...);
       bad += host_chunk_run<Op>(bind_op(op), cin, cout, begin, len, is, os);
-      (host_flush(get<Os>(rout), begin, len, staging[(is_staged<O> || ...) ? Os : 0], get<Os>(streamed_chunks),
-                  streamed[Os]),
+      (host_flush(get<Os>(rout), begin, len, is_staged<O> ? staging[(is_staged<O> || ...) ? Os : 0] : nullptr,
+                  get<Os>(streamed_chunks), streamed[Os]),
        ...);
     }
     stream_fence();  // before the region's barrier: other threads may read the outputs next
