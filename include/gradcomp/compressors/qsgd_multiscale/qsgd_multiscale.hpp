@@ -148,12 +148,13 @@ struct multiscale_encode {
   GRADCOMP_HOST_DEVICE void operator()(std::size_t, float g, float e, std::uint8_t index, float u, std::int8_t& code,
                                        float& e_next) const {
     float const acc = g + e;
-    std::int32_t const c = qsgd_scale{scale[index], 0.0, 0.0}.code(acc, u, share);
+    qsgd_scale const k{scale[index], unit[index], 0.0};
+    std::int32_t const c = k.code(acc, u, share);
     code = static_cast<std::int8_t>(c);
     if constexpr (FloatUnits)
       e_next = fmaf(-static_cast<float>(c), unit[index], acc);
     else
-      e_next = qsgd_scale{0.0f, unit[index], 0.0}.residual(acc, c);
+      e_next = k.residual(acc, c);
   }
 };
 
