@@ -145,6 +145,15 @@ bool host_streams(std::size_t, discard<T>, std::size_t, std::size_t, In const&..
   return false;
 }
 
+// Output K's row of the chunk's staging floats where it is staged, else none.
+template <std::size_t K, class S, std::size_t Rows>
+float* staging_row(float (&staging)[Rows][host_chunk]) {
+  if constexpr (is_staged<S>)
+    return staging[K];
+  else
+    return nullptr;
+}
+
 template <class T>
 T* host_output(T* p, std::size_t begin, float*, stream_chunk<T*>& chunk, bool streamed) {
   return streamed ? chunk.data : p + begin;
@@ -252,12 +261,10 @@ void host_transform(host_space const& space, std::size_t n, pack<I...> const& in
           host_streams(space.streamed_bytes, get<Os>(rout), begin, n, get<Is>(rin)...)..., false};
       auto const cin = make_pack(host_input(get<Is>(rin), begin, len,
                                             is_widened<I> ? widened_in[(is_widened<I> || ...) ? Is : 0] : uniforms)...);
-      auto const cout = make_pack(host_output(get<Os>(rout), begin, staging[(is_staged<O> || ...) ? Os : 0],
-                                              get<Os>(streamed_chunks), streamed[Os])...);
+      auto const cout = make_pack(
+          host_output(get<Os>(rout), begin, staging_row<Os, O>(staging), get<Os>(streamed_chunks), streamed[Os])...);
       bad += host_chunk_run<Op>(bind_op(op), cin, cout, begin, len, is, os);
-      (host_flush(get<Os>(rout), begin, len, is_staged<O> ? staging[(is_staged<O> || ...) ? Os : 0] : nullptr,
-                  get<Os>(streamed_chunks), streamed[Os]),
-       ...);
+      (host_flush(get<Os>(rout), begin, len, staging_row<Os, O>(staging), get<Os>(streamed_chunks), streamed[Os]), ...);
     }
     stream_fence();  // before the region's barrier: other threads may read the outputs next
   }
