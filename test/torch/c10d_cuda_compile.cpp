@@ -1,7 +1,10 @@
 // The c10d backend's device path compiles (CI has nvcc and a CUDA PyTorch but
 // no GPU; the GPU runs are the device checks'): every collective, for every
-// wire type, on device buffers ordered on a stream.
+// wire type, on device buffers ordered on a stream. And a host compiler's
+// DDP hook state, where gradcomp::cuda is linked: host buckets only (the
+// Python module, a .cu file, compiles the one with device buckets).
 #include <gradcomp/collectives/c10d.hpp>
+#include <gradcomp/torch/ddp_hook.hpp>
 
 #include <cstdint>
 
@@ -28,5 +31,8 @@ void device_path(c10::intrusive_ptr<c10d::ProcessGroup> group, cudaStream_t stre
              std::uint64_t>(c, memory, n);
   (void)c.split(0, c.rank());
 }
+
+static_assert(!ddp_hook_state::reduces_device_buckets, "a host compiler's hook state has no device buckets");
+void hook_path(ddp_hook_state& state, at::Tensor const& bucket) { state.reduce(0, bucket, {{4, 4}}); }
 
 }  // namespace gradcomp

@@ -3,17 +3,35 @@
 // over the process group DDP uses. The Python hook (gradcomp.torch.register)
 // is a thin layer over this class; a LibTorch program can use it directly.
 //
+// Buckets in host memory (gloo) are reduced everywhere; buckets in device
+// memory (NCCL) where this header is compiled by nvcc with gradcomp::cuda
+// (GRADCOMP_DDP_HOOK_DEVICE is then 1): the CUDA space's kernels need nvcc,
+// and the Python module is such a .cu file where it can be. The two are
+// distinct types (basic_ddp_hook_state<true> and <false>), so a program's
+// .cpp and .cu files can both use the hook.
+//
 // Without PyTorch's headers on the include path this header still compiles,
-// and declares ddp_hook_state without defining it.
+// and declares basic_ddp_hook_state without defining it.
 #pragma once
 
 #include <gradcomp/collectives/c10d.hpp>
 
-#if !__has_include(<torch/csrc/distributed/c10d/ProcessGroup.hpp>)
-namespace gradcomp::inline GRADCOMP_ABI {
-class ddp_hook_state;  // defined where PyTorch's headers are found: link gradcomp::torch
-}  // namespace gradcomp
+#if GRADCOMP_HAS_CUDA && defined(__CUDACC__)
+#define GRADCOMP_DDP_HOOK_DEVICE 1
+#include <gradcomp/cuda.cuh>
 #else
+#define GRADCOMP_DDP_HOOK_DEVICE 0
+#endif
+
+namespace gradcomp::inline GRADCOMP_ABI {
+template <bool DeviceBuckets>
+class basic_ddp_hook_state;
+/// The DDP hook's state in this translation unit: with device buckets where
+/// nvcc compiles it with gradcomp::cuda.
+using ddp_hook_state = basic_ddp_hook_state<GRADCOMP_DDP_HOOK_DEVICE>;
+}  // namespace gradcomp
+
+#if __has_include(<torch/csrc/distributed/c10d/ProcessGroup.hpp>)
 
 #include <gradcomp/pipeline/checkpoint.hpp>
 #include <gradcomp/planning/planner.hpp>
@@ -27,7 +45,9 @@ class ddp_hook_state;  // defined where PyTorch's headers are found: link gradco
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -65,19 +85,36 @@ struct ddp_hook_options {
 /// Every DDP bucket's reduction: built on a bucket's first step from its
 /// parameters' shapes, and built again when DDP rebuilds its buckets (the
 /// shapes then differ). Steps are collective and run in DDP's bucket order.
-class ddp_hook_state {
+///
+/// A host bucket is reduced when reduce() returns. A device bucket's step is
+/// enqueued on the current CUDA stream and reduce() returns without waiting
+/// for it, as a c10d collective does; the stream must be the same in every
+/// call (the Python hook's side stream). A bad value found on the device
+/// raises from that bucket's next step (nonfinite_policy::raise).
+///
+/// `DeviceBuckets`: whether device (CUDA) buckets are reduced; true needs
+/// nvcc and gradcomp::cuda (use ddp_hook_state, which says which).
+template <bool DeviceBuckets>
+class basic_ddp_hook_state {
+  static_assert(!DeviceBuckets || GRADCOMP_HAS_CUDA, "device buckets need gradcomp::cuda");
+
  public:
   using shapes = std::vector<std::vector<std::int64_t> >;
 
-  /// Buckets reduced over `group` (host tensors, its CPU backend). A spec
-  /// the group's size cannot take (a parameter out of range, a lane too
-  /// narrow for its ranks) is refused here.
-  ddp_hook_state(c10::intrusive_ptr<c10d::ProcessGroup> group, ddp_hook_options options)
-      : comm_(std::move(group)), options_(std::move(options)) {
+  /// Whether device (CUDA) buckets are reduced.
+  static constexpr bool reduces_device_buckets = DeviceBuckets;
+
+  /// Buckets reduced over `group`: host tensors through its CPU backend
+  /// (gloo), device tensors through its CUDA backend (NCCL). A spec the
+  /// group's size cannot take (a parameter out of range, a lane too narrow
+  /// for its ranks) is refused here.
+  basic_ddp_hook_state(c10::intrusive_ptr<c10d::ProcessGroup> group, ddp_hook_options options)
+      : group_(std::move(group)), options_(std::move(options)) {
+    GRADCOMP_EXPECTS(group_, "gradcomp DDP hook: the process group is null");
     for (compressor_spec const* spec : {&options_.compressor, &options_.small}) {
       if (spec == &options_.compressor && !options_.candidates.empty())
         continue;  // the planner leaves out what cannot run
-      std::string const failure = detail::spec_failure(*spec, comm_.size(), [](auto) {});
+      std::string const failure = detail::spec_failure(*spec, group_->getSize(), [](auto) {});
       GRADCOMP_EXPECTS(failure.empty(), "gradcomp DDP hook: '" + spec->str() + "': " + failure);
     }
   }
@@ -89,14 +126,16 @@ class ddp_hook_state {
     expect_bucket(buffer);
     auto* data = buffer.data_ptr<float>();
     std::size_t const n = static_cast<std::size_t>(buffer.numel());
-    if (iterations_ < options_.warmup_iterations) {
-      comm_.all_reduce(data, data, n, reduce_op::sum);
-      buffer.div_(static_cast<double>(comm_.size()));
-      return;
+#if GRADCOMP_HAS_CUDA
+    if constexpr (DeviceBuckets) {
+      if (buffer.is_cuda()) {
+        c10::cuda::CUDAGuard const on(buffer.device());
+        c10d_communicator& comm = device_communicator();
+        return reduce_in(comm, cuda_space{comm.stream()}, index, buffer, data, n, params);
+      }
     }
-    bucket& b = bucket_for(index, params, n);
-    b.reducer->operator()(span<float>(data, n));
-    last_wire_bytes_ += b.reducer->wire_bytes();
+#endif
+    reduce_in(host_communicator(), host_space{options_.threads}, index, buffer, data, n, params);
   }
 
   /// DDP's last bucket of an iteration has been reduced.
@@ -114,7 +153,7 @@ class ddp_hook_state {
   /// Bucket `index`'s compressor ("topkc<bf16>", ...); empty before it is built.
   std::string description(std::size_t index) const {
     auto const found = buckets_.find(index);
-    return found == buckets_.end() ? std::string() : found->second.reducer->description();
+    return found == buckets_.end() ? std::string() : found->second.visit([](auto& r) { return r.description(); });
   }
 
   /// This rank's state: the iterations, and each bucket's checkpoint (its
@@ -122,7 +161,7 @@ class ddp_hook_state {
   /// one not yet applied as it was loaded).
   std::pair<std::uint64_t, std::map<std::size_t, std::vector<std::byte> > > save() {
     std::map<std::size_t, std::vector<std::byte> > out = pending_;  // loaded, not yet applied
-    for (auto& [index, b] : buckets_) out.insert_or_assign(index, b.reducer->save());
+    for (auto& [index, b] : buckets_) out.insert_or_assign(index, b.visit([](auto& r) { return r.save(); }));
     return {iterations_, std::move(out)};
   }
 
@@ -162,23 +201,78 @@ class ddp_hook_state {
   }
 
  private:
+  template <class Space>
+  using reducer = any_allreducer<c10d_communicator, Space, float>;
+
+  // A bucket's reduction, in the space of its buffer's memory.
   struct bucket {
     shapes params;
-    std::unique_ptr<any_allreducer<c10d_communicator, host_space, float> > reducer;
+    std::unique_ptr<reducer<host_space> > host;
+#if GRADCOMP_HAS_CUDA
+    std::unique_ptr<reducer<cuda_space> > device;  // (set only where DeviceBuckets)
+#endif
+    template <class F>
+    std::invoke_result_t<F&, reducer<host_space>&> visit(F&& f) const {  // f(the reducer)
+#if GRADCOMP_HAS_CUDA
+      if (device) return f(*device);
+#endif
+      return f(*host);
+    }
+    std::unique_ptr<reducer<host_space> >& slot(host_space const&) { return host; }
+#if GRADCOMP_HAS_CUDA
+    std::unique_ptr<reducer<cuda_space> >& slot(cuda_space const&) { return device; }
+#endif
   };
 
   static void expect_bucket(at::Tensor const& buffer) {
-    GRADCOMP_EXPECTS(buffer.device().is_cpu(), "gradcomp DDP hook: bucket on " + buffer.device().str() +
-                                                   "; this build reduces host (gloo) buckets only");
+    GRADCOMP_EXPECTS(buffer.device().is_cpu() || (reduces_device_buckets && buffer.device().is_cuda()),
+                     "gradcomp DDP hook: bucket on " + buffer.device().str() +
+                         "; this build reduces host (gloo) buckets only (device buckets need the module compiled "
+                         "by nvcc with gradcomp::cuda and a CUDA PyTorch)");
     GRADCOMP_EXPECTS(buffer.scalar_type() == at::kFloat, std::string("gradcomp DDP hook: bucket of ") +
                                                              c10::toString(buffer.scalar_type()) +
                                                              "; gradients must be float32");
     GRADCOMP_EXPECTS(buffer.is_contiguous(), "gradcomp DDP hook: bucket buffer is not contiguous");
   }
 
-  bucket& bucket_for(std::size_t index, shapes const& params, std::size_t elements) {
+  c10d_communicator& host_communicator() {
+    if (!host_comm_) host_comm_.emplace(group_);
+    return *host_comm_;
+  }
+
+#if GRADCOMP_HAS_CUDA
+  // The device communicator, on the current stream of the current device:
+  // built at the first device bucket; every later one must come on the same
+  // stream, which the buckets' reducers hold.
+  c10d_communicator& device_communicator() {
+    cudaStream_t const stream = c10::cuda::getCurrentCUDAStream().stream();
+    if (!device_comm_) device_comm_.emplace(group_, stream);
+    GRADCOMP_EXPECTS(device_comm_->stream() == stream,
+                     "gradcomp DDP hook: device buckets must be reduced on one CUDA stream, the one of the first "
+                     "(the hook's side stream); this one came on another");
+    return *device_comm_;
+  }
+#endif
+
+  template <class Space>
+  void reduce_in(c10d_communicator& comm, Space const& space, std::size_t index, at::Tensor const& buffer, float* data,
+                 std::size_t n, shapes const& params) {
+    if (iterations_ < options_.warmup_iterations) {  // (on a device, both on the current stream)
+      comm.all_reduce(data, data, n, reduce_op::sum);
+      buffer.div_(static_cast<double>(comm.size()));
+      return;
+    }
+    auto& r = bucket_for(comm, space, index, params, n);
+    r(span<float, typename Space::memory>(data, n));
+    last_wire_bytes_ += r.wire_bytes();
+  }
+
+  template <class Space>
+  reducer<Space>& bucket_for(c10d_communicator& comm, Space const& space, std::size_t index, shapes const& params,
+                             std::size_t elements) {
     auto found = buckets_.find(index);
-    if (found != buckets_.end() && found->second.params == params) return found->second;
+    if (found != buckets_.end() && found->second.params == params && found->second.slot(space))
+      return *found->second.slot(space);
     bucket_layout layout;
     for (auto const& s : params) {
       std::vector<std::size_t> extents;
@@ -192,26 +286,29 @@ class ddp_hook_state {
     o.bucket = index;
     compressor_spec const spec = options_.candidates.empty() || !compressed(params, elements)
                                      ? spec_for(params, elements)
-                                     : choose(index, layout, found != buckets_.end());
-    bucket b{params, std::make_unique<any_allreducer<c10d_communicator, host_space, float> >(
-                         spec, comm_, std::move(layout), host_space{options_.threads}, o)};
+                                     : choose(comm, space, index, layout, found != buckets_.end());
+    bucket b{params};
+    auto& r = b.slot(space);
+    r = std::make_unique<reducer<Space> >(spec, comm, std::move(layout), space, o);
     if (auto const saved = pending_.find(index); saved != pending_.end()) {
       auto const bytes = std::move(saved->second);
       pending_.erase(saved);
-      b.reducer->restore(span<std::byte const>(bytes.data(), bytes.size()));
+      r->restore(span<std::byte const>(bytes.data(), bytes.size()));
     }
-    return buckets_.insert_or_assign(index, std::move(b)).first->second;
+    return *buckets_.insert_or_assign(index, std::move(b)).first->second.slot(space);
   }
 
   // The planner's choice for bucket `index`: the saved one where a loaded
   // state has it and the bucket is not rebuilt, else planned over the group
   // (collective: every rank builds its buckets in DDP's order).
-  compressor_spec choose(std::size_t index, bucket_layout const& layout, bool rebuilt) {
+  template <class Space>
+  compressor_spec choose(c10d_communicator& comm, Space const& space, std::size_t index, bucket_layout const& layout,
+                         bool rebuilt) {
     if (auto const saved = choices_.find(index); saved != choices_.end() && !rebuilt) return saved->second;
     planner_options planner;
     planner.candidates = options_.candidates;
-    compression_plan const plan = plan_compression<float>(comm_, {layout}, host_space{options_.threads}, planner);
-    if (comm_.rank() == 0) {
+    compression_plan const plan = plan_compression<float>(comm, {layout}, space, planner);
+    if (comm.rank() == 0) {
       std::string const text = "gradcomp DDP hook, bucket " + std::to_string(index) + ": " + plan.table();
       std::fputs(text.c_str(), stdout);
       std::fflush(stdout);
@@ -219,7 +316,11 @@ class ddp_hook_state {
     return choices_.insert_or_assign(index, plan.chosen(0)).first->second;
   }
 
-  c10d_communicator comm_;
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  std::optional<c10d_communicator> host_comm_;  // built at the first host bucket (a NCCL group has no CPU backend)
+#if GRADCOMP_HAS_CUDA
+  std::optional<c10d_communicator> device_comm_;  // built at the first device bucket (where DeviceBuckets)
+#endif
   ddp_hook_options options_;
   std::map<std::size_t, compressor_spec> choices_;
   std::map<std::size_t, bucket> buckets_;
