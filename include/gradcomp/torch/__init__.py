@@ -5,7 +5,9 @@
 
 Each DDP bucket is reduced by the compressor the spec names (small buckets and
 buckets of 1-D tensors by ``small``, bf16 by default), over the process group
-DDP uses, in C++ on a worker thread while the backward pass goes on. The spec
+DDP uses, while the backward pass goes on: a host (gloo) bucket in C++ on a
+worker thread, a CUDA (NCCL) bucket on a side stream, where the module was
+built with CUDA (``device_buckets``), without the host waiting for it. The spec
 strings and their keys are gradcomp's registry's (``compressors()``).
 ``"auto:of=bf16+topkc+powersgd"`` lets gradcomp's planner choose among those,
 bucket by bucket, on this group's network, when each bucket is first built
@@ -19,11 +21,11 @@ import torch
 import torch.distributed as dist
 
 from . import _C
-from ._C import CollectiveError, Error, InvalidArgument, NonfiniteError, compressors, parse_spec
+from ._C import CollectiveError, Error, InvalidArgument, NonfiniteError, compressors, device_buckets, parse_spec
 
 __version__ = _C.__version__
 __all__ = ["GradcompState", "register", "hook", "ReduceScatter", "shard", "compressors", "parse_spec", "Error", "InvalidArgument",
-           "CollectiveError", "NonfiniteError"]
+           "CollectiveError", "NonfiniteError", "device_buckets"]
 
 
 class GradcompState:
@@ -57,6 +59,12 @@ class GradcompState:
         # autograd thread computes the next gradients.
         self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gradcomp")
         self._lock = threading.Lock()
+        self._streams = {}  # CUDA device -> the side stream its buckets are reduced on
+
+    def _side_stream(self, device):
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device)
+        return self._streams[device]
 
     @property
     def iterations(self):
@@ -101,7 +109,7 @@ class GradcompState:
     def __getstate__(self):
         saved = self.state_dict()
         keep = {k: v for k, v in self.__dict__.items()
-                if k not in ("process_group", "_impl", "_worker", "_lock", "_positions")}
+                if k not in ("process_group", "_impl", "_worker", "_lock", "_positions", "_streams")}
         return {"config": keep, "saved": saved}
 
     def __setstate__(self, state):
@@ -141,32 +149,55 @@ def _pieces(state, bucket):
 
 def hook(state: GradcompState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP communication hook: bucket ``bucket.index()`` reduced to the
-    mean by gradcomp, on the state's worker thread."""
+    mean by gradcomp, on the state's worker thread (host buckets) or its side
+    stream (CUDA buckets)."""
     buffer = bucket.buffer()
     pieces = _pieces(state, bucket)
     last = bucket.is_last()
+    if buffer.is_cuda:
+        return _device_hook(state, buffer, pieces, last)
     future = torch.futures.Future()
 
     def run():
         try:
-            for index, slices, shapes in pieces:
-                if len(slices) == 1:
-                    state._impl.reduce(index, buffer[slices[0][0]:slices[0][1]], shapes)
-                    continue
-                gathered = torch.cat([buffer[a:b] for a, b in slices])  # (a resumed run's first iteration only)
-                state._impl.reduce(index, gathered, shapes)
-                at = 0
-                for a, b in slices:
-                    buffer[a:b].copy_(gathered[at:at + b - a])
-                    at += b - a
-            if last:
-                state._impl.end_iteration()
+            _reduce(state, buffer, pieces, last)
             future.set_result(buffer)
         except Exception as e:
             future.set_result(e)
 
     state._worker.submit(run)
     return future.then(_raise_failure)
+
+
+def _reduce(state, buffer, pieces, last):
+    for index, slices, shapes in pieces:
+        if len(slices) == 1:
+            state._impl.reduce(index, buffer[slices[0][0]:slices[0][1]], shapes)
+            continue
+        gathered = torch.cat([buffer[a:b] for a, b in slices])  # (a resumed run's first iteration only)
+        state._impl.reduce(index, gathered, shapes)
+        at = 0
+        for a, b in slices:
+            buffer[a:b].copy_(gathered[at:at + b - a])
+            at += b - a
+    if last:
+        state._impl.end_iteration()
+
+
+def _device_hook(state, buffer, pieces, last):
+    # The bucket's kernels and NCCL calls are enqueued on a side stream that
+    # waits for the backward pass's stream up to now, so the backward goes on
+    # computing. The future is bound to the device and completed on the side
+    # stream: DDP's wait makes its own stream wait for the reduction, and the
+    # host waits for nothing. A failure raises here, on every rank (a bad
+    # value found on the device: at that bucket's next step).
+    side = state._side_stream(buffer.device)
+    side.wait_stream(torch.cuda.current_stream(buffer.device))
+    future = torch.futures.Future(devices=[buffer.device])
+    with torch.cuda.stream(side):
+        _reduce(state, buffer, pieces, last)
+        future.set_result(buffer)
+    return future
 
 
 def _raise_failure(future):

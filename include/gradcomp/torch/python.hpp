@@ -30,6 +30,7 @@ namespace py = pybind11;
 /// Adds gradcomp's classes and functions to `m`.
 inline void define(py::module_& m) {
   m.attr("__version__") = GRADCOMP_VERSION_STRING;
+  m.attr("device_buckets") = ddp_hook_state::reduces_device_buckets;  // (a .cu module)
   m.def(
       "compressors",
       [] {
