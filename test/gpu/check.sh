@@ -15,6 +15,10 @@
 #                               Compute's time and DRAM traffic per kernel of
 #                               the 64M rows named in $ROWS (CSV in
 #                               $OUT/profile, the table in profile.md).
+#   test/gpu/check.sh torch     on the GPU machine: builds the Python module
+#                               against its PyTorch (.cu: CUDA buckets) and runs
+#                               the DDP hook on CUDA buckets over NCCL
+#                               (test/torch/ddp_cuda_test.py; one GPU suffices).
 #   test/gpu/check.sh memcheck  on the GPU machine: the gpu tests under
 #                               compute-sanitizer's memcheck (memcheck.log).
 #   test/gpu/check.sh sass      anywhere (no GPU needed): ptxas's spill report for
@@ -137,6 +141,14 @@ run() {
   [ "$status" = 0 ] || [ "$status" = 77 ]
 }
 
+torch_hook() {
+  local dir=build-torch
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+    -DGRADCOMP_BUILD_EXAMPLES=OFF -DGRADCOMP_BUILD_TESTS=OFF -DGRADCOMP_BUILD_BENCH=OFF >/dev/null
+  cmake --build "$dir" --target gradcomp_torch_python
+  PYTHONPATH=$dir/python timeout "${TORCH_SECONDS:-600}" python3 test/torch/ddp_cuda_test.py
+}
+
 sass() {
   local dir=build-sass tools
   tools=$(python3 -c 'import glob, os, nvidia; print(":".join({os.path.dirname(p) for r in nvidia.__path__ for p in glob.glob(r + "/**/bin/cuobjdump", recursive=True)}))' 2>/dev/null || true)
@@ -159,6 +171,7 @@ case "${1:-run}" in
   run) run ;;
   profile) profile ;;
   memcheck) memcheck ;;
+  torch) torch_hook ;;
   sass) sass ;;
-  *) echo "usage: $0 [prepare|run|profile|memcheck|sass]" >&2; exit 2 ;;
+  *) echo "usage: $0 [prepare|run|profile|memcheck|torch|sass]" >&2; exit 2 ;;
 esac
