@@ -5,8 +5,9 @@ was built without CUDA.
 - each compressor trains, and the replicas stay bitwise equal;
 - every bucket's result on the device is the host path's (a gloo group in the
   same processes, same inputs, same order): bitwise for the integer lanes,
-  and for every compressor on one or two ranks (a float sum of two values
-  does not depend on the order), else within a few bf16 roundings;
+  and for the others on one or two ranks (a float sum of two values does not
+  depend on the order), else within a few bf16 roundings; PowerSGD within
+  1e-3 (cuBLAS rounds its products in another order);
 - the hook does not make the host wait: behind a half-second sleep kernel on
   the backward's stream, backward() returns long before the sleep is over;
 - a state saved after 4 iterations and loaded into fresh models continues
@@ -161,7 +162,9 @@ def main():
               r0["wire"] > 0 and r0["seen"] > 0,
               f"{spec} on {ranks} GPU(s): trains, replicas bitwise equal, {r0['wire']} wire bytes, {r0['descriptions']}")
         worst = max(results[r][spec]["worst"] for r in range(ranks))
-        if spec in EXACT or ranks <= 2:
+        if spec.startswith("powersgd"):
+            check(worst <= 1e-3, f"{spec}: every bucket's device result is the host path's within {worst:.1e}")
+        elif spec in EXACT or ranks <= 2:
             check(all(results[r][spec]["same"] for r in range(ranks)),
                   f"{spec}: every bucket's device result is the host path's, bitwise ({r0['seen']} buckets)")
         else:
