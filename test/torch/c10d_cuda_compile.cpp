@@ -1,8 +1,9 @@
 // The c10d backend's device path compiles (CI has nvcc and a CUDA PyTorch but
 // no GPU; the GPU runs are the device checks'): every collective, for every
-// wire type, on device buffers ordered on a stream. And a host compiler's
-// DDP hook state, where gradcomp::cuda is linked: host buckets only (the
-// Python module, a .cu file, compiles the one with device buckets).
+// wire type, on device buffers ordered on a stream. And the DDP hook state's
+// step in a host compiler's translation unit with gradcomp::cuda linked (the
+// kernels it needs for device buckets come from a ddp_hook_device, which
+// the Python module's .cu file makes).
 #include <gradcomp/collectives/c10d.hpp>
 #include <gradcomp/torch/ddp_hook.hpp>
 
@@ -32,7 +33,6 @@ void device_path(c10::intrusive_ptr<c10d::ProcessGroup> group, cudaStream_t stre
   (void)c.split(0, c.rank());
 }
 
-static_assert(!ddp_hook_state::reduces_device_buckets, "a host compiler's hook state has no device buckets");
 void hook_path(ddp_hook_state& state, at::Tensor const& bucket) { state.reduce(0, bucket, {{4, 4}}); }
 
 }  // namespace gradcomp

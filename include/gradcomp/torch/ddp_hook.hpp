@@ -3,32 +3,21 @@
 // over the process group DDP uses. The Python hook (gradcomp.torch.register)
 // is a thin layer over this class; a LibTorch program can use it directly.
 //
-// Buckets in host memory (gloo) are reduced everywhere; buckets in device
-// memory (NCCL) where this header is compiled by nvcc with gradcomp::cuda
-// (GRADCOMP_DDP_HOOK_DEVICE is then 1): the CUDA space's kernels need nvcc,
-// and the Python module is such a .cu file where it can be. The two are
-// distinct types (basic_ddp_hook_state<true> and <false>), so a program's
-// .cpp and .cu files can both use the hook.
+// Host (gloo) buckets are reduced in any translation unit. Device (NCCL)
+// buckets need the CUDA space's kernels, which only nvcc compiles: a state
+// reduces them when given a ddp_hook_device, which <gradcomp/torch/
+// ddp_hook_device.cuh> makes in a .cu file. So the host loops stay in the
+// host compiler's code (the Python module is a .cpp file and a small .cu).
 //
 // Without PyTorch's headers on the include path this header still compiles,
-// and declares basic_ddp_hook_state without defining it.
+// and declares ddp_hook_state without defining it.
 #pragma once
 
 #include <gradcomp/collectives/c10d.hpp>
-
-#if GRADCOMP_HAS_CUDA && defined(__CUDACC__)
-#define GRADCOMP_DDP_HOOK_DEVICE 1
-#include <gradcomp/cuda.cuh>
-#else
-#define GRADCOMP_DDP_HOOK_DEVICE 0
-#endif
+#include <gradcomp/torch/ddp_hook_device.hpp>
 
 namespace gradcomp::inline GRADCOMP_ABI {
-template <bool DeviceBuckets>
-class basic_ddp_hook_state;
-/// The DDP hook's state in this translation unit: with device buckets where
-/// nvcc compiles it with gradcomp::cuda.
-using ddp_hook_state = basic_ddp_hook_state<GRADCOMP_DDP_HOOK_DEVICE>;
+class ddp_hook_state;
 }  // namespace gradcomp
 
 #if __has_include(<torch/csrc/distributed/c10d/ProcessGroup.hpp>)
@@ -87,29 +76,25 @@ struct ddp_hook_options {
 /// shapes then differ). Steps are collective and run in DDP's bucket order.
 ///
 /// A host bucket is reduced when reduce() returns. A device bucket's step is
-/// enqueued on the current CUDA stream and reduce() returns without waiting
-/// for it, as a c10d collective does; the stream must be the same in every
-/// call (the Python hook's side stream). A bad value found on the device
-/// raises from that bucket's next step (nonfinite_policy::raise).
-///
-/// `DeviceBuckets`: whether device (CUDA) buckets are reduced; true needs
-/// nvcc and gradcomp::cuda (use ddp_hook_state, which says which).
-template <bool DeviceBuckets>
-class basic_ddp_hook_state {
-  static_assert(!DeviceBuckets || GRADCOMP_HAS_CUDA, "device buckets need gradcomp::cuda");
-
+/// enqueued on the current CUDA stream (the same one in every call: the
+/// Python hook's side stream) and reduce() returns without waiting for it;
+/// a bucket's next step waits for its previous one to have finished. On the
+/// device a bad value (NaN, infinity) makes that bucket NaN on every rank,
+/// whatever `reduce.nonfinite` says (nonfinite_policy::propagate): raising
+/// would need the host to wait for the step, and DDP would meanwhile take
+/// the rank's own gradient.
+class ddp_hook_state {
  public:
   using shapes = std::vector<std::vector<std::int64_t> >;
 
-  /// Whether device (CUDA) buckets are reduced.
-  static constexpr bool reduces_device_buckets = DeviceBuckets;
-
   /// Buckets reduced over `group`: host tensors through its CPU backend
-  /// (gloo), device tensors through its CUDA backend (NCCL). A spec the
-  /// group's size cannot take (a parameter out of range, a lane too narrow
-  /// for its ranks) is refused here.
-  basic_ddp_hook_state(c10::intrusive_ptr<c10d::ProcessGroup> group, ddp_hook_options options)
-      : group_(std::move(group)), options_(std::move(options)) {
+  /// (gloo), device tensors through its CUDA backend (NCCL) where `device`
+  /// is given (else they are refused). A spec the group's size cannot take
+  /// (a parameter out of range, a lane too narrow for its ranks) is refused
+  /// here.
+  ddp_hook_state(c10::intrusive_ptr<c10d::ProcessGroup> group, ddp_hook_options options,
+                 ddp_hook_device const* device = nullptr)
+      : group_(std::move(group)), options_(std::move(options)), device_(device) {
     GRADCOMP_EXPECTS(group_, "gradcomp DDP hook: the process group is null");
     for (compressor_spec const* spec : {&options_.compressor, &options_.small}) {
       if (spec == &options_.compressor && !options_.candidates.empty())
@@ -118,6 +103,9 @@ class basic_ddp_hook_state {
       GRADCOMP_EXPECTS(failure.empty(), "gradcomp DDP hook: '" + spec->str() + "': " + failure);
     }
   }
+  // The reducers hold the communicators: the state stays where it was made.
+  ddp_hook_state(ddp_hook_state const&) = delete;
+  ddp_hook_state& operator=(ddp_hook_state const&) = delete;
 
   /// Reduces bucket `index` in place to the mean over the ranks. `buffer` is
   /// DDP's flat fp32 bucket; `params` the shapes of its parameters, in the
@@ -127,16 +115,17 @@ class basic_ddp_hook_state {
     auto* data = buffer.data_ptr<float>();
     std::size_t const n = static_cast<std::size_t>(buffer.numel());
 #if GRADCOMP_HAS_CUDA
-    if constexpr (DeviceBuckets) {
-      if (buffer.is_cuda()) {
-        c10::cuda::CUDAGuard const on(buffer.device());
-        c10d_communicator& comm = device_communicator();
-        return reduce_in(comm, cuda_space{comm.stream()}, index, buffer, data, n, params);
-      }
+    if (buffer.is_cuda()) {
+      c10::cuda::CUDAGuard const on(buffer.device());
+      c10d_communicator& comm = device_communicator();
+      return reduce_in(comm, cuda_space{comm.stream()}, index, buffer, data, n, params);
     }
 #endif
     reduce_in(host_communicator(), host_space{options_.threads}, index, buffer, data, n, params);
   }
+
+  /// Whether device (CUDA) buckets are reduced (a ddp_hook_device was given).
+  bool reduces_device_buckets() const { return device_ != nullptr; }
 
   /// DDP's last bucket of an iteration has been reduced.
   void end_iteration() {
@@ -209,7 +198,7 @@ class basic_ddp_hook_state {
     shapes params;
     std::unique_ptr<reducer<host_space> > host;
 #if GRADCOMP_HAS_CUDA
-    std::unique_ptr<reducer<cuda_space> > device;  // (set only where DeviceBuckets)
+    std::unique_ptr<reducer<cuda_space> > device;
 #endif
     template <class F>
     std::invoke_result_t<F&, reducer<host_space>&> visit(F&& f) const {  // f(the reducer)
@@ -224,11 +213,11 @@ class basic_ddp_hook_state {
 #endif
   };
 
-  static void expect_bucket(at::Tensor const& buffer) {
-    GRADCOMP_EXPECTS(buffer.device().is_cpu() || (reduces_device_buckets && buffer.device().is_cuda()),
+  void expect_bucket(at::Tensor const& buffer) const {
+    GRADCOMP_EXPECTS(buffer.device().is_cpu() || (device_ && buffer.device().is_cuda()),
                      "gradcomp DDP hook: bucket on " + buffer.device().str() +
-                         "; this build reduces host (gloo) buckets only (device buckets need the module compiled "
-                         "by nvcc with gradcomp::cuda and a CUDA PyTorch)");
+                         "; this build reduces host (gloo) buckets only (device buckets need a ddp_hook_device: "
+                         "the module built with gradcomp::cuda, nvcc and a CUDA PyTorch)");
     GRADCOMP_EXPECTS(buffer.scalar_type() == at::kFloat, std::string("gradcomp DDP hook: bucket of ") +
                                                              c10::toString(buffer.scalar_type()) +
                                                              "; gradients must be float32");
@@ -287,9 +276,10 @@ class basic_ddp_hook_state {
     compressor_spec const spec = options_.candidates.empty() || !compressed(params, elements)
                                      ? spec_for(params, elements)
                                      : choose(comm, space, index, layout, found != buckets_.end());
-    bucket b{params};
+    bucket b;
+    b.params = params;
     auto& r = b.slot(space);
-    r = std::make_unique<reducer<Space> >(spec, comm, std::move(layout), space, o);
+    r = build_reducer(spec, comm, std::move(layout), space, o);
     if (auto const saved = pending_.find(index); saved != pending_.end()) {
       auto const bytes = std::move(saved->second);
       pending_.erase(saved);
@@ -307,7 +297,7 @@ class basic_ddp_hook_state {
     if (auto const saved = choices_.find(index); saved != choices_.end() && !rebuilt) return saved->second;
     planner_options planner;
     planner.candidates = options_.candidates;
-    compression_plan const plan = plan_compression<float>(comm, {layout}, space, planner);
+    compression_plan const plan = plan_bucket(comm, layout, space, planner);
     if (comm.rank() == 0) {
       std::string const text = "gradcomp DDP hook, bucket " + std::to_string(index) + ": " + plan.table();
       std::fputs(text.c_str(), stdout);
@@ -316,12 +306,35 @@ class basic_ddp_hook_state {
     return choices_.insert_or_assign(index, plan.chosen(0)).first->second;
   }
 
+  std::unique_ptr<reducer<host_space> > build_reducer(compressor_spec const& spec, c10d_communicator& comm,
+                                                      bucket_layout layout, host_space const& space,
+                                                      allreducer_options const& o) {
+    return std::make_unique<reducer<host_space> >(spec, comm, std::move(layout), space, o);
+  }
+  compression_plan plan_bucket(c10d_communicator& comm, bucket_layout const& layout, host_space const& space,
+                               planner_options const& o) {
+    return plan_compression<float>(comm, {layout}, space, o);
+  }
+#if GRADCOMP_HAS_CUDA
+  std::unique_ptr<reducer<cuda_space> > build_reducer(compressor_spec const& spec, c10d_communicator& comm,
+                                                      bucket_layout layout, cuda_space const& space,
+                                                      allreducer_options o) {
+    o.nonfinite = nonfinite_policy::propagate;  // (see the class comment)
+    return device_->make(spec, comm, std::move(layout), space, o);
+  }
+  compression_plan plan_bucket(c10d_communicator& comm, bucket_layout const& layout, cuda_space const& space,
+                               planner_options const& o) {
+    return device_->plan(comm, layout, space, o);
+  }
+#endif
+
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   std::optional<c10d_communicator> host_comm_;  // built at the first host bucket (a NCCL group has no CPU backend)
 #if GRADCOMP_HAS_CUDA
-  std::optional<c10d_communicator> device_comm_;  // built at the first device bucket (where DeviceBuckets)
+  std::optional<c10d_communicator> device_comm_;  // built at the first device bucket
 #endif
   ddp_hook_options options_;
+  ddp_hook_device const* device_ = nullptr;
   std::map<std::size_t, compressor_spec> choices_;
   std::map<std::size_t, bucket> buckets_;
   std::map<std::size_t, std::vector<std::byte> > pending_;

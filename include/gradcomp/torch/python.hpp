@@ -27,10 +27,11 @@ namespace gradcomp::inline GRADCOMP_ABI::python {
 
 namespace py = pybind11;
 
-/// Adds gradcomp's classes and functions to `m`.
-inline void define(py::module_& m) {
+/// Adds gradcomp's classes and functions to `m`; its DDP hook states reduce
+/// device buckets where `device` is given (see ddp_hook_device.cuh).
+inline void define(py::module_& m, ddp_hook_device const* device = nullptr) {
   m.attr("__version__") = GRADCOMP_VERSION_STRING;
-  m.attr("device_buckets") = ddp_hook_state::reduces_device_buckets;  // (a .cu module)
+  m.attr("device_buckets") = device != nullptr;
   m.def(
       "compressors",
       [] {
@@ -64,9 +65,9 @@ inline void define(py::module_& m) {
   py::register_exception<nonfinite_error>(m, "NonfiniteError", PyExc_ArithmeticError);
 
   py::class_<ddp_hook_state>(m, "HookState", "Every DDP bucket's gradcomp reduction (see gradcomp.torch.register).")
-      .def(py::init([](c10::intrusive_ptr<c10d::ProcessGroup> group, std::string const& compressor,
-                       std::string const& small, std::size_t min_compression_elements, std::uint64_t warmup,
-                       std::optional<std::uint64_t> seed, std::string const& nonfinite, int threads) {
+      .def(py::init([device](c10::intrusive_ptr<c10d::ProcessGroup> group, std::string const& compressor,
+                             std::string const& small, std::size_t min_compression_elements, std::uint64_t warmup,
+                             std::optional<std::uint64_t> seed, std::string const& nonfinite, int threads) {
              ddp_hook_options o;
              if (is_auto_spec(compressor)) {
                o.candidates = auto_candidates(compressor);
@@ -82,7 +83,7 @@ inline void define(py::module_& m) {
              GRADCOMP_EXPECTS(nonfinite == "raise" || nonfinite == "propagate",
                               "nonfinite must be 'raise' or 'propagate', not '" + nonfinite + "'");
              o.reduce.nonfinite = nonfinite == "raise" ? nonfinite_policy::raise : nonfinite_policy::propagate;
-             return std::make_unique<ddp_hook_state>(std::move(group), std::move(o));
+             return std::make_unique<ddp_hook_state>(std::move(group), std::move(o), device);
            }),
            py::arg("group"), py::arg("compressor"), py::arg("small"), py::arg("min_compression_elements"),
            py::arg("warmup"), py::arg("seed"), py::arg("nonfinite"), py::arg("threads"))
