@@ -8,14 +8,18 @@ was built without CUDA.
   and for the others on one or two ranks (a float sum of two values does not
   depend on the order), else within a few bf16 roundings; PowerSGD within
   1e-3 (cuBLAS rounds its products in another order);
-- the hook does not make the host wait: behind a half-second sleep kernel on
-  the backward's stream, backward() returns long before the sleep is over;
+- the hook does not make the host wait for the step: behind a half-second
+  sleep kernel on the backward's stream, backward() returns long before the
+  sleep is over;
+- a NaN in one rank's gradients makes every rank's buckets NaN (device
+  buckets propagate: raising would need the host to wait);
 - a state saved after 4 iterations and loaded into fresh models continues
   bitwise.
 
     PYTHONPATH=build/python python3 test/torch/ddp_cuda_test.py
 """
 import datetime
+import gc
 import os
 import sys
 import tempfile
@@ -98,7 +102,10 @@ def run(rank, ranks, path, folder, results):
             same = same and torch.equal(expected, after.cpu())
             worst = max(worst, ((expected - after.cpu()).abs().max() / expected.abs().max().clamp(min=1e-30)).item())
 
-        # Behind a sleep on the backward's stream, backward() returns at once.
+        # Behind a sleep on the backward's stream, backward() returns at once
+        # (nothing left for the garbage collector to free meanwhile: freeing
+        # device memory waits for the device).
+        gc.collect()
         torch.cuda.synchronize()
         x, y = batch(rank, 6, device)
         loss7 = torch.nn.functional.cross_entropy(ddp(x), y)
@@ -108,9 +115,17 @@ def run(rank, ranks, path, folder, results):
         returned = time.perf_counter() - start
         torch.cuda.synchronize()
         finished = time.perf_counter() - start
+
+        # A NaN on rank 0 only: every rank's every bucket comes back NaN.
+        x, y = batch(rank, 7, device)
+        if rank == 0:
+            x = x * float("nan")
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        nan_everywhere = all(bool(torch.isnan(p.grad).all()) for p in net.parameters())
         out[spec] = dict(finite=loss == loss and abs(loss) < 100, replicas=replicas_equal(net, ranks),
                          wire=state.wire_bytes, seen=len(seen), same=same, worst=worst, returned=returned,
-                         finished=finished, descriptions=sorted({state.description(i) for i in range(8)} - {""}))
+                         finished=finished, nan_everywhere=nan_everywhere, descriptions=sorted({state.description(i) for i in range(8)} - {""}))
 
     # Saved after 4 iterations and loaded into a fresh model: bitwise the same.
     weights = {}
@@ -171,6 +186,8 @@ def main():
             check(worst <= 2 ** -6, f"{spec}: every bucket's device result is the host path's within {worst:.1e}")
         returned = max(results[r][spec]["returned"] for r in range(ranks))
         finished = min(results[r][spec]["finished"] for r in range(ranks))
+        check(all(results[r][spec]["nan_everywhere"] for r in range(ranks)),
+              f"{spec}: a NaN in rank 0's gradients makes every bucket NaN on every rank")
         check(returned < 0.5 * finished, f"{spec}: backward() returned after {returned * 1e3:.1f} ms, the stream "
                                          f"finished after {finished * 1e3:.1f} ms: the host did not wait")
     check(all(results[r]["resumed bitwise"] for r in range(ranks)),

@@ -7,7 +7,7 @@ Each DDP bucket is reduced by the compressor the spec names (small buckets and
 buckets of 1-D tensors by ``small``, bf16 by default), over the process group
 DDP uses, while the backward pass goes on: a host (gloo) bucket in C++ on a
 worker thread, a CUDA (NCCL) bucket on a side stream, where the module was
-built with CUDA (``device_buckets``), without the host waiting for it. The spec
+built with CUDA (``device_buckets``), without the host waiting for the step. The spec
 strings and their keys are gradcomp's registry's (``compressors()``).
 ``"auto:of=bf16+topkc+powersgd"`` lets gradcomp's planner choose among those,
 bucket by bucket, on this group's network, when each bucket is first built
@@ -216,7 +216,9 @@ def register(model, compressor="topkc", *, process_group=None, **options):
     bucket); returns its GradcompState. ``options``: ``small``,
     ``min_compression_elements``, ``warmup`` (iterations of plain fp32 means,
     like ``start_powerSGD_iter``), ``seed`` and ``nonfinite``
-    (``"raise"`` or ``"propagate"``)."""
+    (``"raise"`` or ``"propagate"``; CUDA buckets always propagate: a bad
+    value makes the bucket NaN on every rank, as raising would need the host
+    to wait)."""
     state = GradcompState(process_group if process_group is not None else model.process_group, compressor,
                           model=model.module, **options)
     model.register_comm_hook(state, hook)
