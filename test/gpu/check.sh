@@ -16,7 +16,7 @@
 #                               the 64M rows named in $ROWS (CSV in
 #                               $OUT/profile, the table in profile.md).
 #   test/gpu/check.sh torch     on the GPU machine: builds the Python module
-#                               against its PyTorch (.cu: CUDA buckets) and runs
+#                               against its PyTorch (with CUDA buckets) and runs
 #                               the DDP hook on CUDA buckets over NCCL
 #                               (test/torch/ddp_cuda_test.py; one GPU suffices).
 #   test/gpu/check.sh memcheck  on the GPU machine: the gpu tests under
