@@ -98,7 +98,9 @@ class GradcompState:
     def load_state_dict(self, state):
         """Restores what ``state_dict()`` saved on this rank (every rank loads
         its own before the next step). A checkpoint of another configuration
-        fails every rank with gradcomp's message when its bucket is built."""
+        fails every rank with gradcomp's message when its bucket is built;
+        so does one of host (gloo) buckets loaded into CUDA buckets or back,
+        unless ``nonfinite="propagate"`` (CUDA buckets always propagate)."""
         self._worker.submit(lambda: None).result()
         if state.get("compressor") != self.compressor or state.get("small") != self.small:
             raise InvalidArgument(f"gradcomp state: a checkpoint of compressor {state.get('compressor')!r} / small "
@@ -189,8 +191,9 @@ def _device_hook(state, buffer, pieces, last):
     # waits for the backward pass's stream up to now, so the backward goes on
     # computing. The future is bound to the device and completed on the side
     # stream: DDP's wait makes its own stream wait for the reduction, and the
-    # host waits for nothing. A failure raises here, on every rank (a bad
-    # value found on the device: at that bucket's next step).
+    # host does not wait for the step. A failure raises here, on every rank (a
+    # fault the device found: at that bucket's next step; bad values come back
+    # as NaN instead).
     side = state._side_stream(buffer.device)
     side.wait_stream(torch.cuda.current_stream(buffer.device))
     future = torch.futures.Future(devices=[buffer.device])
