@@ -98,9 +98,9 @@ class GradcompState:
     def load_state_dict(self, state):
         """Restores what ``state_dict()`` saved on this rank (every rank loads
         its own before the next step). A checkpoint of another configuration
-        fails every rank with gradcomp's message when its bucket is built;
-        so does one of host (gloo) buckets loaded into CUDA buckets or back,
-        unless ``nonfinite="propagate"`` (CUDA buckets always propagate)."""
+        fails every rank with gradcomp's message when its bucket is built,
+        among them host (gloo) buckets' checkpoints saved under ``"raise"``
+        loaded into CUDA buckets (which always propagate)."""
         self._worker.submit(lambda: None).result()
         if state.get("compressor") != self.compressor or state.get("small") != self.small:
             raise InvalidArgument(f"gradcomp state: a checkpoint of compressor {state.get('compressor')!r} / small "
