@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from gloo_ranks import Checks
+
 SHAPES = (64, 256, 256, 10)
 OPTIONS = dict(min_compression_elements=1000)  # this model's buckets are small
 SPECS = ("bf16", "topkc:fraction=0.1", "powersgd:matrix_rank=4", "thc", "intsgd", "qsgd")
@@ -164,12 +166,7 @@ def main():
         results = manager.dict()
         mp.spawn(run, args=(ranks, os.path.join(tmp, "store"), tmp, results), nprocs=ranks, join=True)
         results = dict(results)
-    failures = 0
-
-    def check(ok, what):
-        nonlocal failures
-        print(("ok   " if ok else "FAIL ") + what)
-        failures += not ok
+    check = Checks()
 
     for spec in SPECS:
         r0 = results[0][spec]
@@ -192,8 +189,7 @@ def main():
                                          f"finished after {finished * 1e3:.1f} ms: the host did not wait")
     check(all(results[r]["resumed bitwise"] for r in range(ranks)),
           "topkc: saved at iteration 4 and loaded into fresh models, iteration 8 is bitwise the same")
-    print(f"{failures} failed")
-    return 1 if failures else 0
+    return 1 if check.failed() else 0
 
 
 if __name__ == "__main__":
