@@ -8,8 +8,9 @@
 #
 #   sudo bench/e2e/torch.sh [--out DIR] [--rates "unshaped 1gbit"] [--target 0.85] [--repeat 3] [--only "NAMES"]
 #
-# Needs root (namespaces, tc), iproute2, PyTorch and the Python module
-# (build/python; built here if missing).
+# Needs root (namespaces, tc), iproute2, PyTorch and the Python module:
+# $GRADCOMP_PYTHON if set (the python folder of a build of your own), else
+# build/python, built for this machine if missing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -48,7 +49,12 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 python3 -c "import torch" 2>/dev/null || { echo "$0: PyTorch is missing (bash .ci/install-deps installs it)" >&2; exit 1; }
-if [ ! -d build/python/gradcomp/torch ]; then
+module=${GRADCOMP_PYTHON:-$PWD/build/python}
+if [ -n "${GRADCOMP_PYTHON:-}" ] && [ ! -d "$module/gradcomp/torch" ]; then
+  echo "$0: GRADCOMP_PYTHON=$module holds no gradcomp/torch module" >&2
+  exit 1
+fi
+if [ ! -d "$module/gradcomp/torch" ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGRADCOMP_NATIVE_ARCH=ON >/dev/null
   cmake --build build --target gradcomp_torch_python
 fi
@@ -66,7 +72,7 @@ for rate in $rates; do
     selected "$name" "$only" || continue
     for ((k = 1; k <= repeat; k++)); do
       echo "== $rate: $name (run $k of $repeat)"
-      line=$(ip netns exec "$ns" env PYTHONPATH="$PWD/build/python" GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 \
+      line=$(ip netns exec "$ns" env PYTHONPATH="$module" GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 \
         python3 examples/torch/train.py --hook "$hook" --warmup 2 --target "$target" --stop-at-target --epochs 6 \
         --eval-every 25 --seed "$k" 2>/dev/null | grep '^summary:' || echo "summary: failed")
       echo "$line"

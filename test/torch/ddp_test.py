@@ -8,6 +8,8 @@
   bitwise; the state also pickles without its process group;
 - DDP's bucket rebuild after the first iteration (different buckets) is
   handled;
+- host buckets reduced on 1, 2 or 3 lanes train bitwise alike, and a state
+  saved on 2 lanes continues bitwise on 3;
 - "auto:of=..." plans each compressed bucket once, the same on every rank,
   and a loaded state keeps the saved choices;
 - a bad spec fails every rank at registration, and one a bucket cannot take
@@ -15,6 +17,7 @@
 
     PYTHONPATH=build/python:build/test/torch python3 test/torch/ddp_test.py
 """
+import copy
 import os
 import pickle
 import sys
@@ -196,6 +199,37 @@ def rebuilt(rank, path, results):
     dist.destroy_process_group()
 
 
+def lanes(rank, path, results):
+    """Six iterations on 1, 2 and 3 lanes; and 3 on 2 lanes, saved, loaded
+    into a fresh DDP (whose first bucket spans reductions of several lanes)
+    on 3 lanes, and 3 more."""
+    import gradcomp.torch as gct
+    init(rank, path)
+
+    def trained(n, first, last, saved=None):
+        net, ddp = model(seed=5)
+        state = gct.register(ddp, "topkc", warmup=1, lanes=n, **OPTIONS)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        if saved is not None:
+            net.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+            state.load_state_dict(saved["gradcomp"])
+        train(ddp, optimizer, first, last, rank)
+        return net, optimizer, state
+
+    out = {}
+    for n in (1, 2, 3):
+        net, _, state = trained(n, 0, 6)
+        out[n] = (weights(net), len(state._lanes), replicas_equal(net))
+    net, optimizer, state = trained(2, 0, 3)
+    saved = copy.deepcopy({"model": net.state_dict(), "optimizer": optimizer.state_dict(),
+                           "gradcomp": state.state_dict()})
+    net, _, state = trained(3, 3, 6, saved)
+    out["resumed"] = weights(net)
+    results[rank] = out
+    dist.destroy_process_group()
+
+
 def bad_specs(rank, path, results):
     import gradcomp.torch as gct
     init(rank, path)
@@ -263,6 +297,13 @@ def main():
 
     results = launch(rebuilt)
     check(all(results[r] == (True, 4) for r in range(RANKS)), "DDP's rebuilt buckets get reductions of their own")
+
+    results = launch(lanes)
+    check(all(results[r][n][1:] == (n, True) and torch.equal(results[r][n][0], results[r][1][0])
+              for r in range(RANKS) for n in (1, 2, 3)),
+          "host buckets on 1, 2 and 3 lanes (each lane made) train bitwise alike, replicas equal")
+    check(all(torch.equal(results[r]["resumed"], results[r][1][0]) for r in range(RANKS)),
+          "a state saved on 2 lanes at iteration 3 and loaded on 3 lanes continues bitwise")
 
     results = launch(bad_specs)
     for r in range(RANKS):

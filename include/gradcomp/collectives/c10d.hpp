@@ -34,6 +34,8 @@ class c10d_communicator;  // defined where PyTorch's headers are found: link gra
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -228,7 +230,7 @@ class c10d_communicator {
     std::vector<int> members;
     for (int r = 0; r < size_; ++r)
       if (color_of(r) == color) members.push_back(r);
-    std::string name = group_->getGroupName() + "/gradcomp";
+    std::string name = group_->getGroupName() + "/gradcomp" + std::to_string(split_serial(group_->getGroupName()));
     for (int r : members) name += "-" + std::to_string(r);
     group_ptr sub;
     try {
@@ -322,6 +324,17 @@ class c10d_communicator {
     if constexpr (std::is_same_v<T, std::uint32_t> || std::is_same_v<T, std::uint64_t>) {
       if (op != reduce_op::sum) t.bitwise_xor_(std::numeric_limits<std::make_signed_t<T> >::min());
     }
+  }
+
+  // The splits this process has made of the group named `parent`: a split is
+  // named with it, since c10d keys a group's rendezvous by its name and two
+  // splits of one group (two hook states on it, say) must not meet. Splits
+  // are collective, so every rank counts the same.
+  static int split_serial(std::string const& parent) {
+    static std::mutex mutex;
+    static std::map<std::string, int> made;
+    std::lock_guard<std::mutex> const lock(mutex);
+    return made[parent]++;
   }
 
   static c10d::ReduceOp op_of(reduce_op op) {

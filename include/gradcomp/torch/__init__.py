@@ -5,16 +5,18 @@
 
 Each DDP bucket is reduced by the compressor the spec names (small buckets and
 buckets of 1-D tensors by ``small``, bf16 by default), over the process group
-DDP uses, while the backward pass goes on: a host (gloo) bucket in C++ on a
-worker thread, a CUDA (NCCL) bucket on a side stream, where the module was
-built with CUDA (``device_buckets``), without the host waiting for the step. The spec
-strings and their keys are gradcomp's registry's (``compressors()``).
+DDP uses, while the backward pass goes on: host (gloo) buckets in C++ on
+worker threads, two buckets at once (``lanes``), a CUDA (NCCL) bucket on a side
+stream, where the module was built with CUDA (``device_buckets``), without the
+host waiting for the step. The spec strings and their keys are gradcomp's
+registry's (``compressors()``).
 ``"auto:of=bf16+topkc+powersgd"`` lets gradcomp's planner choose among those,
 bucket by bucket, on this group's network, when each bucket is first built
 after warm-up (rank 0 prints its table; ``state.choices()`` says what it chose).
 """
 
 import concurrent.futures
+import functools
 import threading
 
 import torch
@@ -38,7 +40,7 @@ class GradcompState:
     """
 
     def __init__(self, process_group=None, compressor="topkc", *, small="bf16", min_compression_elements=65536,
-                 warmup=0, seed=None, nonfinite="raise", model=None):
+                 warmup=0, seed=None, nonfinite="raise", lanes=2, model=None):
         # A parameter's position in the model names it across processes: a
         # loaded state finds its buckets in DDP's first (unrebuilt) bucket.
         self._positions = {id(p): i for i, p in enumerate(model.parameters())} if model is not None else {}
@@ -49,22 +51,47 @@ class GradcompState:
         self.warmup = int(warmup)
         self.seed = seed
         self.nonfinite = nonfinite
+        self.lanes = int(lanes)
+        if self.lanes < 1:
+            raise InvalidArgument(f"gradcomp state: lanes must be 1 or more, not {lanes}")
         self._bind(process_group)
 
     def _bind(self, process_group):
         self.process_group = process_group if process_group is not None else dist.group.WORLD
-        self._impl = _C.HookState(self.process_group, self.compressor, self.small, self.min_compression_elements,
-                                  self.warmup, self.seed, self.nonfinite, torch.get_num_threads())
-        # One worker: buckets reduce in DDP's order on every rank, while the
-        # autograd thread computes the next gradients.
-        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gradcomp")
-        self._lock = threading.Lock()
+        self._impl = self._new_impl(self.process_group)  # lane 0's; every CUDA bucket's
+        self._lanes = [_Lane(self._impl)]  # the others are made at the first host bucket
         self._streams = {}  # CUDA device -> the side stream its buckets are reduced on
 
-    def _side_stream(self, device):
-        if device not in self._streams:
-            self._streams[device] = torch.cuda.Stream(device)
-        return self._streams[device]
+    def _new_impl(self, group):
+        return _C.HookState(group, self.compressor, self.small, self.min_compression_elements, self.warmup, self.seed,
+                            self.nonfinite, torch.get_num_threads())
+
+    def _host_lanes(self):
+        """The host lanes, made at the first host bucket (a NCCL group's CUDA
+        buckets need none): every lane but the first reduces over a group
+        split from this one, so its collectives never meet another lane's.
+        Reduction ``i`` is lane ``i % lanes``'s on every rank."""
+        if len(self._lanes) < self.lanes:
+            iterations, buckets = self._impl.save()  # a loaded state's checkpoints, not yet applied
+            choices = self._impl.choices()
+            while len(self._lanes) < self.lanes:
+                self._lanes.append(_Lane(self._new_impl(_C.lane_group(self.process_group))))
+            self._load(iterations, buckets, choices)
+        return self._lanes
+
+    def _lane(self, index):
+        return self._lanes[index % len(self._lanes)]
+
+    def _load(self, iterations, buckets, choices):
+        n = len(self._lanes)
+        for k, lane in enumerate(self._lanes):
+            lane.impl.load(iterations, {i: b for i, b in buckets.items() if i % n == k},
+                           {i: c for i, c in choices.items() if i % n == k})
+
+    def _drain(self):
+        """Waits for every bucket submitted so far."""
+        for done in [lane.worker.submit(lambda: None) for lane in self._lanes]:
+            done.result()
 
     @property
     def iterations(self):
@@ -74,25 +101,27 @@ class GradcompState:
     @property
     def wire_bytes(self):
         """Bytes the compressed buckets of the last iteration put on the wire."""
-        return self._impl.wire_bytes
+        return sum(lane.impl.wire_bytes for lane in self._lanes)
 
     def description(self, index):
         """Bucket ``index``'s compressor, e.g. ``topkc<bf16>``."""
-        return self._impl.description(index)
+        return self._lane(index).impl.description(index)
 
     def choices(self):
         """The planner's compressor of each bucket it planned, by index (a
         spec "auto:of=..."; empty otherwise)."""
-        self._worker.submit(lambda: None).result()
-        return self._impl.choices()
+        self._drain()
+        return {i: c for lane in self._lanes for i, c in lane.impl.choices().items()}
 
     def state_dict(self):
         """This rank's state: iterations, each bucket's checkpoint bytes, and
         the planner's choices (a loaded state keeps them)."""
-        self._worker.submit(lambda: None).result()  # every submitted bucket is done
+        self._drain()
         iterations, buckets = self._impl.save()
+        for lane in self._lanes[1:]:
+            buckets.update(lane.impl.save()[1])
         return {"gradcomp": __version__, "compressor": self.compressor, "small": self.small,
-                "iterations": iterations, "buckets": buckets, "choices": self._impl.choices(),
+                "iterations": iterations, "buckets": buckets, "choices": self.choices(),
                 "units": {i: u for i, u in self._units.items() if i in buckets}}
 
     def load_state_dict(self, state):
@@ -101,17 +130,17 @@ class GradcompState:
         fails every rank with gradcomp's message when its bucket is built,
         among them host (gloo) buckets' checkpoints saved under ``"raise"``
         loaded into CUDA buckets (which always propagate)."""
-        self._worker.submit(lambda: None).result()
+        self._drain()
         if state.get("compressor") != self.compressor or state.get("small") != self.small:
             raise InvalidArgument(f"gradcomp state: a checkpoint of compressor {state.get('compressor')!r} / small "
                                   f"{state.get('small')!r} cannot be loaded into {self.compressor!r} / {self.small!r}")
-        self._impl.load(int(state["iterations"]), dict(state["buckets"]), dict(state.get("choices", {})))
+        self._load(int(state["iterations"]), dict(state["buckets"]), dict(state.get("choices", {})))
         self._units = dict(state.get("units", {}))
 
     def __getstate__(self):
         saved = self.state_dict()
         keep = {k: v for k, v in self.__dict__.items()
-                if k not in ("process_group", "_impl", "_worker", "_lock", "_positions", "_streams")}
+                if k not in ("process_group", "_impl", "_lanes", "_positions", "_streams")}
         return {"config": keep, "saved": saved}
 
     def __setstate__(self, state):
@@ -119,6 +148,15 @@ class GradcompState:
         self._positions = {}
         self._bind(None)
         self.load_state_dict(state["saved"])
+
+
+class _Lane:
+    """Host buckets reduced one after another, on a worker thread of their own
+    (while the autograd thread computes the next gradients), over one group."""
+
+    def __init__(self, impl):
+        self.impl = impl
+        self.worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gradcomp")
 
 
 def _pieces(state, bucket):
@@ -151,39 +189,51 @@ def _pieces(state, bucket):
 
 def hook(state: GradcompState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP communication hook: bucket ``bucket.index()`` reduced to the
-    mean by gradcomp, on the state's worker thread (host buckets) or its side
-    stream (CUDA buckets)."""
+    mean by gradcomp, on the state's lanes (host buckets) or its side stream
+    (CUDA buckets)."""
     buffer = bucket.buffer()
     pieces = _pieces(state, bucket)
     last = bucket.is_last()
     if buffer.is_cuda:
         return _device_hook(state, buffer, pieces, last)
+    # Each piece on its reduction's lane, in DDP's order on every rank; the
+    # last bucket also ends the iteration on every lane. The future completes
+    # when all of it has.
+    lanes = state._host_lanes()
+    tasks = [(state._lane(index), functools.partial(_reduce_piece, state._lane(index).impl, buffer, index, slices,
+                                                    shapes)) for index, slices, shapes in pieces]
+    if last:
+        tasks += [(lane, lane.impl.end_iteration) for lane in lanes]
     future = torch.futures.Future()
+    remaining, failures, lock = len(tasks), [], threading.Lock()
 
-    def run():
+    def run(task):
+        nonlocal remaining
         try:
-            _reduce(state, buffer, pieces, last)
-            future.set_result(buffer)
+            task()
         except Exception as e:
-            future.set_result(e)
+            failures.append(e)
+        with lock:
+            remaining -= 1
+            done = remaining == 0
+        if done:
+            future.set_result(failures[0] if failures else buffer)
 
-    state._worker.submit(run)
+    for lane, task in tasks:
+        lane.worker.submit(run, task)
     return future.then(_raise_failure)
 
 
-def _reduce(state, buffer, pieces, last):
-    for index, slices, shapes in pieces:
-        if len(slices) == 1:
-            state._impl.reduce(index, buffer[slices[0][0]:slices[0][1]], shapes)
-            continue
-        gathered = torch.cat([buffer[a:b] for a, b in slices])  # (a resumed run's first iteration only)
-        state._impl.reduce(index, gathered, shapes)
-        at = 0
-        for a, b in slices:
-            buffer[a:b].copy_(gathered[at:at + b - a])
-            at += b - a
-    if last:
-        state._impl.end_iteration()
+def _reduce_piece(impl, buffer, index, slices, shapes):
+    if len(slices) == 1:
+        impl.reduce(index, buffer[slices[0][0]:slices[0][1]], shapes)
+        return
+    gathered = torch.cat([buffer[a:b] for a, b in slices])  # (a resumed run's first iteration only)
+    impl.reduce(index, gathered, shapes)
+    at = 0
+    for a, b in slices:
+        buffer[a:b].copy_(gathered[at:at + b - a])
+        at += b - a
 
 
 def _device_hook(state, buffer, pieces, last):
@@ -198,7 +248,10 @@ def _device_hook(state, buffer, pieces, last):
     side.wait_stream(torch.cuda.current_stream(buffer.device))
     future = torch.futures.Future(devices=[buffer.device])
     with torch.cuda.stream(side):
-        _reduce(state, buffer, pieces, last)
+        for index, slices, shapes in pieces:
+            _reduce_piece(state._impl, buffer, index, slices, shapes)
+        if last:
+            state._impl.end_iteration()
         future.set_result(buffer)
     return future
 
@@ -218,10 +271,13 @@ def register(model, compressor="topkc", *, process_group=None, **options):
     ``compressor`` spec (or ``"auto:of=..."``, the planner's choice per
     bucket); returns its GradcompState. ``options``: ``small``,
     ``min_compression_elements``, ``warmup`` (iterations of plain fp32 means,
-    like ``start_powerSGD_iter``), ``seed`` and ``nonfinite``
+    like ``start_powerSGD_iter``), ``seed``, ``nonfinite``
     (``"raise"`` or ``"propagate"``; CUDA buckets always propagate: a bad
     value makes the bucket NaN on every rank, as raising would need the host
-    to wait)."""
+    to wait) and ``lanes``: how many host buckets are reduced at once, each
+    lane on a thread and a gloo group of its own (split from the process
+    group), as gloo runs two collectives at once for PyTorch's own hooks; the
+    results are the same with any number."""
     state = GradcompState(process_group if process_group is not None else model.process_group, compressor,
                           model=model.module, **options)
     model.register_comm_hook(state, hook)

@@ -127,6 +127,17 @@ inline void define(py::module_& m, ddp_hook_device const* device = nullptr) {
           },
           py::arg("iterations"), py::arg("buckets"), py::arg("choices"));
 
+  m.def(
+      "lane_group",
+      [](c10::intrusive_ptr<c10d::ProcessGroup> const& group) {
+        py::gil_scoped_release release;
+        c10::intrusive_ptr<c10d::ProcessGroup> lane = c10d_communicator(group).split(0, group->getRank()).group();
+        return lane;
+      },
+      py::arg("group"),
+      "A group of the same ranks as `group`, split from its host backend (its timeout too): the DDP hook's second "
+      "lane of host buckets. Collective over `group`.");
+
   py::class_<fsdp_reduce_scatter>(m, "ReduceScatterState",
                                   "One FSDP module's gradcomp reduce-scatter (see gradcomp.torch.ReduceScatter).")
       .def(py::init([](c10::intrusive_ptr<c10d::ProcessGroup> group, std::string const& compressor,
