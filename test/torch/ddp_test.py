@@ -3,7 +3,7 @@
 - every registered compressor trains, and the replicas stay bitwise equal;
 - a bucket's hook result is bitwise what gradcomp's allreducer gives the same
   flat buffers over local_group (in-process ranks), for compressors whose sums
-  are exact in any order;
+  are exact in any order; so is a bf16 or fp16 model's, rounded back;
 - a state saved at iteration N and loaded into fresh processes continues
   bitwise; the state also pickles without its process group;
 - DDP's bucket rebuild after the first iteration (different buckets) is
@@ -53,9 +53,9 @@ class Net(torch.nn.Module):
         return x
 
 
-def model(seed=0, shuffled=False):
+def model(seed=0, shuffled=False, dtype=torch.float32):
     torch.manual_seed(seed)
-    net = Net(shuffled)
+    net = Net(shuffled).to(dtype)
     ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.15)
     return net, ddp
 
@@ -68,7 +68,7 @@ def batch(rank, iteration):
 def train(ddp, optimizer, first, last, rank):
     for it in range(first, last):
         x, y = batch(rank, it)
-        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        loss = torch.nn.functional.cross_entropy(ddp(x.to(next(ddp.parameters()).dtype)).float(), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -110,8 +110,10 @@ def hook_equals_allreducer(rank, path, results):
     import gradcomp_c10d_tests
     init(rank, path)
     out = {}
-    for spec in ("bf16", "thc", "intsgd", "qsgd", "topkc:fraction=1"):
-        net, ddp = model()
+    cases = [(spec, torch.float32) for spec in ("bf16", "thc", "intsgd", "qsgd", "topkc:fraction=1")]
+    cases += [("thc", torch.bfloat16), ("bf16", torch.bfloat16), ("intsgd", torch.float16)]  # 16-bit models
+    for spec, dtype in cases:
+        net, ddp = model(dtype=dtype)
         state = gct.GradcompState(ddp.process_group, spec, **OPTIONS)
         seen = []  # (iteration, index, shapes, input, output) of every bucket
 
@@ -133,17 +135,17 @@ def hook_equals_allreducer(rank, path, results):
             history = []
             steps = [e for e in seen if e[1] == index and e[2] == shapes and e[0] <= iteration]
             for step in steps:
-                b = step[3]
+                b = step[3].float()
                 everyone = [torch.empty_like(b) for _ in range(RANKS)]
                 dist.all_gather(everyone, b)
                 history.append(everyone)
             n = before.numel()
             compressed = any(len(s) > 1 for s in shapes) and n >= OPTIONS["min_compression_elements"]
             expected = gradcomp_c10d_tests.local_allreduce(spec if compressed else "bf16", shapes, index, history,
-                                                           rank)
-            same = same and torch.equal(expected, after)
+                                                           rank).to(dtype)
+            same = same and after.dtype == dtype and torch.equal(expected, after)
             worst = max(worst, ((expected - after).abs().max() / expected.abs().max()).item())
-        out[spec] = (same, worst)
+        out[(spec, str(dtype).removeprefix("torch."))] = (same, worst, replicas_equal(net))
     results[rank] = out
     dist.destroy_process_group()
 
@@ -262,16 +264,18 @@ def main():
               f"{name}: trains 4 iterations, replicas bitwise equal, {wire} wire bytes, buckets {descriptions}")
 
     results = launch(hook_equals_allreducer)
-    for spec in results[0]:
+    for spec, dtype in results[0]:
         # Integer lanes sum exactly: bitwise. gloo adds bf16 values rounding
         # after each addition, local_group once: within a few bf16 roundings.
+        case = (spec, dtype)
+        what = f"{spec}, {dtype} model: each bucket's hook result is gradcomp's allreducer's over local_group"
+        check(all(results[r][case][2] for r in range(RANKS)), f"{spec}, {dtype} model: replicas bitwise equal")
         if spec in ("thc", "intsgd", "qsgd"):
-            check(all(results[r][spec][0] for r in range(RANKS)),
-                  f"{spec}: each bucket's hook result is gradcomp's allreducer's over local_group, bitwise")
+            check(all(results[r][case][0] for r in range(RANKS)), what + (", bitwise" if dtype == "float32" else
+                                                                          f", rounded to {dtype}: bitwise"))
         else:
-            worst = max(results[r][spec][1] for r in range(RANKS))
-            check(worst <= 2 ** -6, f"{spec}: each bucket's hook result is gradcomp's allreducer's over local_group, "
-                                    f"within {worst:.1e} of the largest value")
+            worst = max(results[r][case][1] for r in range(RANKS))
+            check(worst <= 2 ** -6, f"{what}, within {worst:.1e} of the largest value")
 
     for spec in ("topkc", "powersgd"):
         with tempfile.TemporaryDirectory() as folder:

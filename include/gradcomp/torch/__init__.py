@@ -8,8 +8,9 @@ buckets of 1-D tensors by ``small``, bf16 by default), over the process group
 DDP uses, while the backward pass goes on: host (gloo) buckets in C++ on
 worker threads, two buckets at once (``lanes``), a CUDA (NCCL) bucket on a side
 stream, where the module was built with CUDA (``device_buckets``), without the
-host waiting for the step. The spec strings and their keys are gradcomp's
-registry's (``compressors()``).
+host waiting for the step. A bf16 or fp16 model's buckets are reduced in fp32
+and rounded back. The spec strings and their keys are gradcomp's registry's
+(``compressors()``).
 ``"auto:of=bf16+topkc+powersgd"`` lets gradcomp's planner choose among those,
 bucket by bucket, on this group's network, when each bucket is first built
 after warm-up (rank 0 prints its table; ``state.choices()`` says what it chose).

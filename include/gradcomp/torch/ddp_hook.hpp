@@ -108,10 +108,19 @@ class ddp_hook_state {
   ddp_hook_state& operator=(ddp_hook_state const&) = delete;
 
   /// Reduces bucket `index` in place to the mean over the ranks. `buffer` is
-  /// DDP's flat fp32 bucket; `params` the shapes of its parameters, in the
-  /// buffer's order.
+  /// DDP's flat bucket; `params` the shapes of its parameters, in the
+  /// buffer's order. A bf16 or fp16 bucket (a 16-bit model's) is reduced in
+  /// fp32, through a copy of the bucket's own made at its first step, and
+  /// rounded back: every compressor takes it, its residuals are fp32.
   void reduce(std::size_t index, at::Tensor const& buffer, shapes const& params) {
     expect_bucket(buffer);
+    if (buffer.scalar_type() != at::kFloat) {
+      at::Tensor& wide = widened(index, buffer);
+      wide.copy_(buffer);
+      reduce(index, wide, params);
+      buffer.copy_(wide);
+      return;
+    }
     auto* data = buffer.data_ptr<float>();
     std::size_t const n = static_cast<std::size_t>(buffer.numel());
 #if GRADCOMP_HAS_CUDA
@@ -218,10 +227,20 @@ class ddp_hook_state {
                      "gradcomp DDP hook: bucket on " + buffer.device().str() +
                          "; this build reduces host (gloo) buckets only (device buckets need a ddp_hook_device: "
                          "the module built with gradcomp::cuda, nvcc and a CUDA PyTorch)");
-    GRADCOMP_EXPECTS(buffer.scalar_type() == at::kFloat, std::string("gradcomp DDP hook: bucket of ") +
-                                                             c10::toString(buffer.scalar_type()) +
-                                                             "; gradients must be float32");
+    auto const type = buffer.scalar_type();
+    GRADCOMP_EXPECTS(type == at::kFloat || type == at::kBFloat16 || type == at::kHalf,
+                     std::string("gradcomp DDP hook: bucket of ") + c10::toString(type) +
+                         "; gradients must be float32, bfloat16 or float16");
     GRADCOMP_EXPECTS(buffer.is_contiguous(), "gradcomp DDP hook: bucket buffer is not contiguous");
+  }
+
+  // Bucket `index`'s fp32 copy, where its gradients are 16-bit: made at its
+  // first step (and when the bucket changes), reused after.
+  at::Tensor& widened(std::size_t index, at::Tensor const& buffer) {
+    at::Tensor& wide = widened_[index];
+    if (!wide.defined() || wide.numel() != buffer.numel() || wide.device() != buffer.device())
+      wide = at::empty({buffer.numel()}, buffer.options().dtype(at::kFloat));
+    return wide;
   }
 
   c10d_communicator& host_communicator() {
@@ -338,6 +357,7 @@ class ddp_hook_state {
   std::map<std::size_t, compressor_spec> choices_;
   std::map<std::size_t, bucket> buckets_;
   std::map<std::size_t, std::vector<std::byte> > pending_;
+  std::map<std::size_t, at::Tensor> widened_;  // 16-bit buckets' fp32 copies
   std::uint64_t iterations_ = 0;
   std::size_t wire_bytes_ = 0;
   std::size_t last_wire_bytes_ = 0;
