@@ -10,7 +10,10 @@
 # (validate.py).
 #
 #   sudo bench/e2e/validate.sh [--out DIR] [--rates "100mbit 1gbit 10gbit unshaped"] [--steps N] [--repeat N]
-#                              [--candidates "SPEC SPEC ..."]
+#                              [--ranks N] [--candidates "SPEC SPEC ..."]
+#
+# --ranks: MPI ranks on this machine (4; as many as its cores leaves none of
+# them waiting for another that shares its core).
 #
 # Needs root (network namespaces, tc), iproute2 and OpenMPI, as run.sh.
 set -euo pipefail
@@ -20,6 +23,7 @@ out=validate-results
 rates="100mbit 1gbit 10gbit unshaped"
 steps=80
 repeat=1
+ranks=4
 candidates="bf16 fp32 topkc:fraction=0.1,chunk_size=256 powersgd:matrix_rank=4 thc:bits=4,block=1024 intsgd"
 while (($#)); do
   case $1 in
@@ -27,8 +31,9 @@ while (($#)); do
     --rates) rates=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
+    --ranks) ranks=$2; shift 2 ;;
     --candidates) candidates=$2; shift 2 ;;
-    *) echo "usage: $0 [--out DIR] [--rates LIST] [--steps N] [--repeat N] [--candidates \"SPEC ...\"]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--out DIR] [--rates LIST] [--steps N] [--repeat N] [--ranks N] [--candidates \"SPEC ...\"]" >&2; exit 2 ;;
   esac
 done
 
@@ -44,7 +49,7 @@ every=$((steps / 4))
 
 train_one() {  # rate, label, spec, k
   local file="$out/$1__$2__r$4"
-  ip netns exec "$ns" mpiexec -n 4 --oversubscribe --allow-run-as-root --bind-to none "${blas_env[@]}" \
+  ip netns exec "$ns" mpiexec -n "$ranks" --oversubscribe --allow-run-as-root --bind-to none "${blas_env[@]}" \
     --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
     "$train" --backend mpi --compressor "$3" --overlap off --max-steps "$steps" --eval-every "$every" --seed "$4" \
     --out "$file.csv" >"$file.log"
