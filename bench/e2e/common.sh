@@ -65,7 +65,15 @@ check_names() {
   done
 }
 
-burst_of() {  # a token bucket must hold a tick's worth of bytes at its rate
+# A token bucket must hold a kernel tick's worth of bytes at its rate, and a
+# packet (the loopback's MTU is 64 KiB). GRADCOMP_TC_BURST (a tc size, e.g.
+# 80kb) sets it instead: a burst lets a message through at the loopback's
+# speed once the bucket has refilled, which a real link does not.
+burst_of() {
+  if [ -n "${GRADCOMP_TC_BURST:-}" ]; then
+    echo "$GRADCOMP_TC_BURST"
+    return
+  fi
   case $1 in
     *gbit) echo "$((${1%gbit} * 512))kb" ;;
     *mbit) echo "$((${1%mbit} / 2 + 64))kb" ;;
@@ -74,13 +82,17 @@ burst_of() {  # a token bucket must hold a tick's worth of bytes at its rate
 }
 
 # A private network namespace NAME with its loopback up, deleted when the
-# script exits.
+# script exits; its MTU GRADCOMP_LO_MTU where set (e.g. 9000, a jumbo frame:
+# a smaller packet lets the token bucket's burst be smaller too).
 #   make_namespace NAME
 make_namespace() {
   ip netns add "$1"
   # shellcheck disable=SC2064  # the name is fixed now
   trap "ip netns del '$1' 2>/dev/null || true" EXIT
   ip netns exec "$1" ip link set lo up
+  if [ -n "${GRADCOMP_LO_MTU:-}" ]; then
+    ip netns exec "$1" ip link set lo mtu "$GRADCOMP_LO_MTU"
+  fi
 }
 
 # Shapes namespace NAME's loopback to RATE (a tc rate), or to none for unshaped.
