@@ -63,6 +63,11 @@ class GradcompState:
         self._lanes = [_Lane(self._impl)]  # the others are made at the first host bucket
         self._streams = {}  # CUDA device -> the side stream its buckets are reduced on
 
+    def _side_stream(self, device):
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device)
+        return self._streams[device]
+
     def _new_impl(self, group):
         return _C.HookState(group, self.compressor, self.small, self.min_compression_elements, self.warmup, self.seed,
                             self.nonfinite, torch.get_num_threads())
