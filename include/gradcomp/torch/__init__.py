@@ -117,6 +117,9 @@ class GradcompState:
         """The planner's compressor of each bucket it planned, by index (a
         spec "auto:of=..."; empty otherwise)."""
         self._drain()
+        return self._choices()
+
+    def _choices(self):
         return {i: c for lane in self._lanes for i, c in lane.impl.choices().items()}
 
     def state_dict(self):
@@ -127,7 +130,7 @@ class GradcompState:
         for lane in self._lanes[1:]:
             buckets.update(lane.impl.save()[1])
         return {"gradcomp": __version__, "compressor": self.compressor, "small": self.small,
-                "iterations": iterations, "buckets": buckets, "choices": self.choices(),
+                "iterations": iterations, "buckets": buckets, "choices": self._choices(),
                 "units": {i: u for i, u in self._units.items() if i in buckets}}
 
     def load_state_dict(self, state):
@@ -206,8 +209,10 @@ def hook(state: GradcompState, bucket: dist.GradBucket) -> torch.futures.Future[
     # last bucket also ends the iteration on every lane. The future completes
     # when all of it has.
     lanes = state._host_lanes()
-    tasks = [(state._lane(index), functools.partial(_reduce_piece, state._lane(index).impl, buffer, index, slices,
-                                                    shapes)) for index, slices, shapes in pieces]
+    tasks = []
+    for index, slices, shapes in pieces:
+        lane = state._lane(index)
+        tasks.append((lane, functools.partial(_reduce_piece, lane.impl, buffer, index, slices, shapes)))
     if last:
         tasks += [(lane, lane.impl.end_iteration) for lane in lanes]
     future = torch.futures.Future()

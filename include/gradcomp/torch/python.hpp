@@ -135,8 +135,8 @@ inline void define(py::module_& m, ddp_hook_device const* device = nullptr) {
         return lane;
       },
       py::arg("group"),
-      "A group of the same ranks as `group`, split from its host backend (its timeout too): the DDP hook's second "
-      "lane of host buckets. Collective over `group`.");
+      "A group of the same ranks as `group`, split from its host backend (its timeout too): one more lane of the "
+      "DDP hook's host buckets. Collective over `group`.");
 
   py::class_<fsdp_reduce_scatter>(m, "ReduceScatterState",
                                   "One FSDP module's gradcomp reduce-scatter (see gradcomp.torch.ReduceScatter).")
