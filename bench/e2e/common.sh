@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared by run.sh and two_nodes.sh: the compressors they compare, the token
+# Shared by run.sh, two_nodes.sh and validate.sh: the compressors they compare, the token
 # bucket's size for a rate, and the checks and build before a run.
 
 # What each run compares: the baselines, and the compressors at sensible settings.
@@ -102,6 +102,69 @@ shape_loopback() {
   if [ "$2" != unshaped ]; then
     ip netns exec "$1" tc qdisc add dev lo root tbf rate "$2" burst "$(burst_of "$2")" latency 50ms
   fi
+}
+
+# Two emulated nodes, each a network namespace (named in node_a and node_b),
+# joined by a veth pair (node_devs: A's end, then B's), with host names that
+# resolve inside both, and OpenMPI's rsh agent (node_agent: "agent HOST
+# COMMAND..." runs COMMAND in HOST's namespace under HOST's own host name, a
+# UTS namespace, so the shared-memory transports of the two nodes do not
+# collide); all deleted when the script exits.
+#   make_two_nodes
+make_two_nodes() {
+  local tag=$$ ns
+  node_a=gcA$tag node_b=gcB$tag node_devs=("va$tag" "vb$tag")
+  node_agent=$(mktemp)
+  # shellcheck disable=SC2064  # the names are fixed now
+  trap "ip netns del '$node_a' 2>/dev/null || true; ip netns del '$node_b' 2>/dev/null || true
+        rm -rf '/etc/netns/$node_a' '/etc/netns/$node_b' '$node_agent'" EXIT
+  ip netns add "$node_a"
+  ip netns add "$node_b"
+  ip link add "${node_devs[0]}" netns "$node_a" type veth peer name "${node_devs[1]}" netns "$node_b"
+  ip -n "$node_a" addr add 10.77.0.1/24 dev "${node_devs[0]}"
+  ip -n "$node_b" addr add 10.77.0.2/24 dev "${node_devs[1]}"
+  for ns in "$node_a" "$node_b"; do
+    ip -n "$ns" link set lo up
+    mkdir -p "/etc/netns/$ns"
+    printf '127.0.0.1 localhost\n10.77.0.1 %s\n10.77.0.2 %s\n' "$node_a" "$node_b" >"/etc/netns/$ns/hosts"
+  done
+  ip -n "$node_a" link set "${node_devs[0]}" up
+  ip -n "$node_b" link set "${node_devs[1]}" up
+  cat >"$node_agent" <<'AGENT'
+#!/bin/sh
+host=$1
+shift
+exec ip netns exec "$host" unshare --uts /bin/sh -c "hostname $host && $*"
+AGENT
+  chmod +x "$node_agent"
+}
+
+# Shapes both directions of make_two_nodes's link to RATE, or to none for
+# unshaped.
+#   shape_two_nodes RATE
+shape_two_nodes() {
+  local ns dev
+  for ns in "$node_a" "$node_b"; do
+    [ "$ns" = "$node_a" ] && dev=${node_devs[0]} || dev=${node_devs[1]}
+    ip netns exec "$ns" tc qdisc del dev "$dev" root 2>/dev/null || true
+    if [ "$1" != unshaped ]; then
+      ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "$1" burst "$(burst_of "$1")" latency 50ms
+    fi
+  done
+}
+
+# mpiexec with N ranks over make_two_nodes's nodes, half on each, then the
+# rest of the command line. OpenMPI is told to yield when idle: each
+# emulated node has as many slots as ranks, so it would not see the
+# oversubscription of the real cores and would spin, which once made steps
+# four to six times longer.
+#   two_node_mpiexec N COMMAND...
+two_node_mpiexec() {
+  local half=$(($1 / 2))
+  shift
+  ip netns exec "$node_a" mpiexec -n $((2 * half)) "${blas_env[@]}" --host "$node_a:$half,$node_b:$half" \
+    --allow-run-as-root --bind-to none --mca plm_rsh_agent "$node_agent" --mca mpi_yield_when_idle 1 \
+    --mca btl vader,tcp,self --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 "$@"
 }
 
 # Root (namespaces, tc) and the tools named; OpenBLAS's kernels (a user's

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Time-to-accuracy under a real bandwidth limit.
 #
-# Trains the Fashion-MNIST MLP with 4 MPI ranks talking TCP over the loopback
+# Trains the Fashion-MNIST MLP with 4 MPI ranks (--ranks N) talking TCP over the loopback
 # of a private network namespace, whose loopback is shaped with tc (token
 # bucket) to each rate in turn, once per compressor, until the target test
 # accuracy; then prints one table (time-to-accuracy, speedup over bf16, final
@@ -14,7 +14,7 @@
 # prints the two side by side; --only "bf16 topkc-10%" limits the compressors.
 #
 #   sudo bench/e2e/run.sh [--out DIR] [--rates "unshaped 10gbit 1gbit"] [--target 0.85] [--repeat N]
-#                         [--overlap-both] [--only "NAMES"] [-- more train flags]
+#                         [--ranks N] [--overlap-both] [--only "NAMES"] [-- more train flags]
 #
 # Needs root (network namespaces, tc) and iproute2, OpenMPI, gnuplot; creates
 # and deletes its own namespace. GRADCOMP_TRAIN=path runs that trainer
@@ -26,6 +26,7 @@ out=e2e-results
 rates="unshaped 10gbit 1gbit"
 target=0.85
 repeat=1
+ranks=4
 overlap_modes=(auto)
 only=""
 extra=()
@@ -35,11 +36,12 @@ while (($#)); do
     --rates) rates=$2; shift 2 ;;
     --target) target=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
+    --ranks) ranks=$2; shift 2 ;;
     --overlap-both) overlap_modes=(on off); shift ;;
     --only) only=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
-    *) echo "usage: $0 [--out DIR] [--rates LIST] [--target ACC] [--repeat N] [--overlap-both] [--only NAMES]" \
-         "[-- train flags]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--out DIR] [--rates LIST] [--target ACC] [--repeat N] [--ranks N] [--overlap-both]" \
+         "[--only NAMES] [-- train flags]" >&2; exit 2 ;;
   esac
 done
 
@@ -67,7 +69,7 @@ for rate in $rates; do
         echo "== $rate: $label${repeat:+ (run $k of $repeat)}"
         set_run_flags "$target" "$k"
         # shellcheck disable=SC2086
-        ip netns exec "$ns" mpiexec -n 4 --oversubscribe --allow-run-as-root --bind-to none "${blas_env[@]}" \
+        ip netns exec "$ns" mpiexec -n "$ranks" --oversubscribe --allow-run-as-root --bind-to none "${blas_env[@]}" \
           --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
           "$train" --backend mpi $flags --overlap "$overlap" "${run_flags[@]}" --out "$file" "${extra[@]}" | tail -1
       done

@@ -10,12 +10,16 @@
 # (validate.py).
 #
 #   sudo bench/e2e/validate.sh [--out DIR] [--rates "100mbit 1gbit 10gbit unshaped"] [--steps N] [--repeat N]
-#                              [--ranks N] [--candidates "SPEC SPEC ..."]
+#                              [--ranks N] [--nodes 1|2] [--candidates "SPEC SPEC ..."]
 #
 # --ranks: MPI ranks on this machine (4; as many as its cores leaves none of
-# them waiting for another that shares its core).
+# them waiting for another that shares its core). --nodes 2: the ranks on two
+# emulated nodes, half on each, the rate that of the link between them
+# (two_nodes.sh's layout); 1, the default: one node, its loopback shaped
+# (run.sh's).
 #
-# Needs root (network namespaces, tc), iproute2 and OpenMPI, as run.sh.
+# Needs root (network namespaces, tc), iproute2 and OpenMPI, as run.sh, and
+# unshare for two nodes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -24,6 +28,7 @@ rates="100mbit 1gbit 10gbit unshaped"
 steps=80
 repeat=1
 ranks=4
+nodes=1
 candidates="bf16 fp32 topkc:fraction=0.1,chunk_size=256 powersgd:matrix_rank=4 thc:bits=4,block=1024 intsgd"
 while (($#)); do
   case $1 in
@@ -32,32 +37,50 @@ while (($#)); do
     --steps) steps=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
     --ranks) ranks=$2; shift 2 ;;
+    --nodes) nodes=$2; shift 2 ;;
     --candidates) candidates=$2; shift 2 ;;
-    *) echo "usage: $0 [--out DIR] [--rates LIST] [--steps N] [--repeat N] [--ranks N] [--candidates \"SPEC ...\"]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--out DIR] [--rates LIST] [--steps N] [--repeat N] [--ranks N] [--nodes 1|2]" \
+         "[--candidates \"SPEC ...\"]" >&2; exit 2 ;;
   esac
 done
 
-source bench/e2e/common.sh
-prepare ip tc mpiexec python3
+if [ "$nodes" != 1 ] && { [ "$nodes" != 2 ] || ((ranks % 2)); }; then
+  echo "$0: --nodes is 1 or 2, and two nodes take an even number of ranks" >&2
+  exit 2
+fi
 
-ns=gradcomp-validate-$$
-make_namespace "$ns"
+source bench/e2e/common.sh
+prepare ip tc mpiexec unshare python3
+
+if ((nodes == 1)); then
+  ns=gradcomp-validate-$$
+  make_namespace "$ns"
+else
+  make_two_nodes
+fi
 mkdir -p "$out"
 rm -f "$out"/*.csv "$out"/*.log
 auto="auto:of=${candidates// /+}"
 every=$((steps / 4))
 
+launch() {  # the trainer's command line, on the ranks of the layout
+  if ((nodes == 1)); then
+    ip netns exec "$ns" mpiexec -n "$ranks" --oversubscribe --allow-run-as-root --bind-to none "${blas_env[@]}" \
+      --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "$@"
+  else
+    two_node_mpiexec "$ranks" "$@"
+  fi
+}
+
 train_one() {  # rate, label, spec, k
   local file="$out/$1__$2__r$4"
-  ip netns exec "$ns" mpiexec -n "$ranks" --oversubscribe --allow-run-as-root --bind-to none "${blas_env[@]}" \
-    --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
-    "$train" --backend mpi --compressor "$3" --overlap off --max-steps "$steps" --eval-every "$every" --seed "$4" \
+  launch "$train" --backend mpi --compressor "$3" --overlap off --max-steps "$steps" --eval-every "$every" --seed "$4" \
     --out "$file.csv" >"$file.log"
   tail -1 "$file.log"
 }
 
 for rate in $rates; do
-  shape_loopback "$ns" "$rate"
+  if ((nodes == 1)); then shape_loopback "$ns" "$rate"; else shape_two_nodes "$rate"; fi
   for ((k = 1; k <= repeat; k++)); do
     echo "== $rate, run $k of $repeat: the planner's choice"
     train_one "$rate" auto "$auto" "$k"
