@@ -163,6 +163,59 @@ TEST_CASE("every rank gets the same plan; one candidate is that candidate; what 
   });
 }
 
+TEST_CASE("a bucket's choice: the lowest score, but bf16 unless another saves the minimum gain") {
+  auto const row = [](std::string spec, double local, double communication, double factor = 1, bool allowed = true) {
+    plan_row r;
+    r.spec = std::move(spec), r.local = local, r.communication = communication, r.factor = factor;
+    r.allowed = allowed;
+    return r;
+  };
+  bucket_choice c;
+  c.elements = 1000;
+  c.rows = {row("bf16", 1.0, 1.0), row("topkc", 0.5, 1.25), row("powersgd", 1.25, 0.5)};  // 2, 1.75, 1.75
+  c.baseline = 0;
+  c.choose(0.0);
+  CHECK(c.chosen == 1);  // the lowest score; of two equal, the earlier
+  CHECK(c.pays());
+  c.choose(0.08);
+  CHECK(c.chosen == 1);  // saves 12.5%
+  c.choose(0.15);
+  CHECK(c.chosen == 0);  // saves less than 15%: bf16
+  CHECK_FALSE(c.pays());
+  c.compute = 2;  // the bucket's share of the rest of a step: 0.25 saved of 4 is under 8%
+  c.choose(0.08);
+  CHECK(c.chosen == 0);
+  c.compute = 0;
+  c.rows[0].allowed = false;  // bf16 for comparison only: no margin for it
+  c.choose(0.5);
+  CHECK(c.chosen == 1);
+  c.rows[0].allowed = true;
+  c.rows[1].factor = 2.0;  // topkc needs twice the steps: powersgd ranks first
+  c.choose(0.05);
+  CHECK(c.chosen == 2);
+  c.rows[2].factor = 1.1;  // 1.75 x 1.1 beats bf16's 2, but not once the rest of the step is counted
+  c.choose(0.0);
+  CHECK(c.chosen == 2);
+  c.compute = 2;
+  c.choose(0.0);
+  CHECK(c.chosen == 0);
+  c.compute = 0;
+  c.rows[2].refused = "cannot run here";
+  c.rows[1].refused = "nor here";
+  c.choose(0.0);
+  CHECK(c.chosen == 0);
+  c.rows[0].refused = "none can";
+  CHECK_THROWS_WITH_AS(c.choose(0.0), doctest::Contains("no candidate can run on a bucket of 1000 elements"),
+                       invalid_argument);
+
+  planner_options bad;
+  bad.min_gain = 1.0;
+  local_group::run(1, [&](local_group::communicator& comm) {
+    CHECK_THROWS_WITH_AS(plan_compression(comm, {bucket_layout(100)}, host_space{}, bad),
+                         doctest::Contains("min_gain 1.000000 is not in [0, 1)"), invalid_argument);
+  });
+}
+
 TEST_CASE("automatic specs name their candidates, and nothing else passes as one") {
   CHECK(auto_candidates("auto").size() == 3);
   auto const c = auto_candidates("auto:of=bf16+topkc:fraction=0.01,chunk_size=64+thc");

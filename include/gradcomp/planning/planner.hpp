@@ -53,6 +53,17 @@ struct planner_options {
   /// Steps to a target relative to bf16's, by spec string (1 where absent):
   /// with it, candidates are ranked by predicted time to target.
   std::map<std::string, double> steps_factor;
+  /// Seconds of a step outside the planned buckets' reductions (forward and
+  /// backward passes, the optimizer, the small buckets). Time to target is
+  /// steps x the whole step: each bucket's score carries a share of this, by
+  /// its elements, so that steps factors and min_gain weigh the whole step
+  /// (0: the reductions alone).
+  double compute_seconds = 0;
+  /// Where bf16 is a candidate, another is chosen over it only if predicted
+  /// to save at least this fraction of bf16's score: a smaller gain is
+  /// within the prediction's own error, and compression's effect on
+  /// convergence is not in a step's time.
+  double min_gain = 0.1;
   /// Timed steps of each candidate's local work (their median counts).
   int timed_steps = 5;
   /// How the network is measured.
@@ -72,8 +83,6 @@ struct plan_row {
   std::vector<collective_call> calls;  ///< One step's, as recorded.
   /// Predicted seconds per step.
   double total() const { return local + communication; }
-  /// What ranks the candidates: time per step x steps factor.
-  double score() const { return total() * factor; }
 };
 
 /// The planner's answer for one bucket.
@@ -82,8 +91,26 @@ struct bucket_choice {
   std::vector<plan_row> rows;  ///< Every candidate, then bf16 if it was not one.
   std::size_t chosen = 0;      ///< Index into rows.
   std::size_t baseline = 0;    ///< bf16's row.
-  /// Whether the chosen compressor beats bf16 here.
-  bool pays() const { return rows[chosen].score() < rows[baseline].score(); }
+  double compute = 0;          ///< This bucket's share of planner_options::compute_seconds.
+  /// What ranks the candidates: (the row's step + the bucket's share of the
+  /// rest of a step) x the row's steps factor.
+  double score(plan_row const& row) const { return (row.total() + compute) * row.factor; }
+  /// Whether the chosen compressor beats bf16 here (by min_gain where bf16
+  /// is a candidate: choose() keeps it otherwise).
+  bool pays() const { return chosen != baseline && score(rows[chosen]) < score(rows[baseline]); }
+
+  /// Sets `chosen`: the allowed row that can run with the lowest score (ties
+  /// go to the earlier row), but bf16, where it is allowed, unless that row
+  /// saves at least `min_gain` of bf16's score.
+  void choose(double min_gain) {
+    bool found = false;
+    for (std::size_t r = 0; r < rows.size(); ++r)
+      if (rows[r].allowed && rows[r].refused.empty() && (!found || score(rows[r]) < score(rows[chosen])))
+        chosen = r, found = true;
+    GRADCOMP_EXPECTS(found, "plan_compression: no candidate can run on a bucket of " + std::to_string(elements) +
+                                " elements here (" + rows.front().refused + ")");
+    if (rows[baseline].allowed && score(rows[chosen]) > (1 - min_gain) * score(rows[baseline])) chosen = baseline;
+  }
 };
 
 /// The planner's answer: the measured network and each bucket's choice.
@@ -134,15 +161,39 @@ struct compression_plan {
         }
         std::snprintf(line, sizeof line, "  %-28s %10.3f %10.3f %10.3f %12zu %8.2fx%s%s\n", row.spec.c_str(),
                       row.local * 1e3, row.communication * 1e3, row.total() * 1e3, row.wire_bytes,
-                      row.score() / c.rows[c.baseline].score(), row.allowed ? "" : " (reference)",
+                      c.score(row) / c.score(c.rows[c.baseline]), row.allowed ? "" : " (reference)",
                       r == c.chosen ? "  <- chosen" : "");
         out += line;
       }
       any_pays |= c.pays();
     }
-    out += any_pays ? "Compression pays on some buckets here (predicted step time, not convergence).\n"
-                    : "Compression does not pay here: bf16 is predicted fastest on every bucket (step time, not "
-                      "convergence).\n";
+    // Ranked by time to target: what each "vs bf16" column weighed beside the rows' totals.
+    double compute = 0;
+    std::map<std::string, double> factors;
+    for (auto const& c : buckets) {
+      compute += c.compute;
+      for (auto const& row : c.rows)
+        if (row.factor != 1) factors[row.spec] = row.factor;
+    }
+    bool const to_target = !factors.empty();
+    if (to_target || compute > 0) {
+      std::snprintf(line, sizeof line, "vs bf16: (total + the bucket's share of the step's other %.3f ms)",
+                    compute * 1e3);
+      out += line;
+      char const* between = ", x steps to target: ";
+      for (auto const& [spec, factor] : factors) {
+        std::snprintf(line, sizeof line, "%s%s %.2f", between, spec.c_str(), factor);
+        out += line;
+        between = ", ";
+      }
+      out += "\n";
+    }
+    char const* what = to_target ? "time to target" : "step time, not convergence";
+    out += any_pays ? std::string("Compression pays on some buckets here (predicted ") + what + ").\n"
+                    : std::string(
+                          "Compression does not pay here: none is predicted to save enough of bf16's time on "
+                          "any bucket (") +
+                          what + ").\n";
     return out;
   }
 };
@@ -193,8 +244,8 @@ plan_row rehearse(compressor_spec const& spec, bucket_layout const& layout, int 
 /// Plans the buckets `layouts` of this rank of `collective` in `space` (see
 /// the top of this header): every candidate's local work on every bucket,
 /// the network for the calls they make, and each bucket's choice among the
-/// candidates (the fastest predicted step, times its steps factor; ties go
-/// to the earlier candidate). Collective: every rank calls it with the same
+/// candidates (bucket_choice::choose: the fastest predicted step, times its
+/// steps factor, bf16 unless another saves planner_options::min_gain). Collective: every rank calls it with the same
 /// layouts and options, and every rank gets bitwise the same plan.
 /// @note Waits for the space, and takes about a second per (candidate,
 /// bucket) pair at most.
@@ -203,6 +254,11 @@ compression_plan plan_compression(Collective& collective, std::vector<bucket_lay
                                   planner_options const& options = {}) {
   GRADCOMP_EXPECTS(!options.candidates.empty() && options.timed_steps >= 1,
                    "plan_compression: no candidates, or no timed steps");
+  GRADCOMP_EXPECTS(options.min_gain >= 0 && options.min_gain < 1,
+                   "plan_compression: min_gain " + std::to_string(options.min_gain) + " is not in [0, 1)");
+  GRADCOMP_EXPECTS(options.compute_seconds >= 0, "plan_compression: negative compute_seconds");
+  for (auto const& [spec, factor] : options.steps_factor)
+    GRADCOMP_EXPECTS(factor > 0, "plan_compression: the steps factor of '" + spec + "' is not positive");
   std::vector<compressor_spec> specs = options.candidates;
   auto const baseline_spec = compressor_spec::parse("bf16");
   auto const is_baseline = [&](compressor_spec const& s) { return s.str() == baseline_spec.str(); };
@@ -234,19 +290,18 @@ compression_plan plan_compression(Collective& collective, std::vector<bucket_lay
   collective.all_reduce(agreed.data(), agreed.data(), local.size(), reduce_op::max);
   space.to_host(local.data(), agreed.data(), local.size() * sizeof(double));
   result.network = measure_network(collective, space, {seen.begin(), seen.end()}, options.network);
+  double elements = 0;
+  for (auto const& c : result.buckets) elements += static_cast<double>(c.elements);
   std::size_t k = 0;
   for (auto& c : result.buckets) {
-    bool chosen = false;
-    for (std::size_t r = 0; r < c.rows.size(); ++r) {
-      auto& row = c.rows[r];
+    c.compute = elements > 0 ? options.compute_seconds * static_cast<double>(c.elements) / elements : 0.0;
+    for (auto& row : c.rows) {
       row.local = local[k++];
       if (!row.refused.empty()) continue;
       row.communication = 0;
       for (auto const& call : row.calls) row.communication += result.network.seconds(call);
-      if (row.allowed && (!chosen || row.score() < c.rows[c.chosen].score())) c.chosen = r, chosen = true;
     }
-    GRADCOMP_EXPECTS(chosen, "plan_compression: no candidate can run on a bucket of " + std::to_string(c.elements) +
-                                 " elements here (" + c.rows.front().refused + ")");
+    c.choose(options.min_gain);
   }
   return result;
 }
