@@ -139,6 +139,30 @@ train::result resumed_at_40(train::options const& o, std::filesystem::path const
 
 }  // namespace
 
+// The planner in the training loop, ranking by time to target: a
+// candidate given a thousand times the steps never wins, so every planned
+// bucket takes the other, and the run trains that one's bits.
+TEST_CASE("the trainer's automatic spec ranks by the steps factors it is given") {
+  openblas_set_num_threads(1);
+  std::string const topkc = short_run_spec("topkc", 0.25), powersgd = short_run_spec("powersgd");
+  for (auto const& pair : {std::pair{topkc, powersgd}, std::pair{powersgd, topkc}}) {
+    std::string const slow = pair.first, fast = pair.second;  // (not a binding: clang 14's INFO cannot capture those)
+    INFO("factor 1000 for " << slow);
+    train::options o = small_run("bf16");
+    o.max_steps = 20;
+    o.eval_every = 20;
+    o.compressor = "auto:of=" + topkc + "+" + powersgd;
+    o.steps_factor = {{slow, 1000.0}};
+    train::options fixed = o;
+    fixed.compressor = fast;
+    fixed.steps_factor.clear();
+    train::result const chosen = run_local(o), alone = run_local(fixed);
+    REQUIRE(chosen.records.size() == 1);
+    CHECK(chosen.weights_hash == alone.weights_hash);
+    CHECK(chosen.wire_bytes_per_step == alone.wire_bytes_per_step);
+  }
+}
+
 TEST_CASE("overlap, 16-bit gradients and checkpoints in the training loop") {
   openblas_set_num_threads(1);
   auto const dir = std::filesystem::temp_directory_path() / ("gradcomp_train_" + std::to_string(::getpid()));

@@ -78,7 +78,10 @@ std::string compressor_flags() {
   };
   std::string out =
       row("--compressor SPEC", "NAME or NAME:key=value,... (bf16): " + gradcomp::compressor_spec::names()) +
-      row("", "or auto, auto:of=SPEC+SPEC+...: the planner chooses per bucket (bf16+topkc+powersgd)");
+      row("", "or auto, auto:of=SPEC+SPEC+...: the planner chooses per bucket (bf16+topkc+powersgd)") +
+      row("--steps-factor SPEC=F",
+          "auto: SPEC needs F times bf16's steps to the target (repeatable); the planner then ranks by time to "
+          "target, the step's forward and backward passes timed at the start");
   auto takers = [](std::string_view key) {
     std::string who;
     gradcomp::for_each_registered([&]<class C>(std::type_identity<C>) {
@@ -173,7 +176,20 @@ cli parse(int argc, char** argv) {
       c.o.compressor = value();
     else if (std::string const key = spec_key_of(flag); !key.empty())
       spec_flags.emplace_back(key, value());
-    else if (flag == "--list-compressors") {
+    else if (flag == "--steps-factor") {
+      std::string const v = value();
+      std::size_t const eq = v.rfind('=');
+      if (eq == std::string::npos || eq == 0) usage("--steps-factor takes SPEC=F, not '" + v + "'");
+      try {
+        double const factor = std::stod(v.substr(eq + 1));
+        if (!(factor > 0)) throw std::invalid_argument("not positive");
+        c.o.steps_factor[gradcomp::compressor_spec::parse(v.substr(0, eq)).str()] = factor;
+      } catch (gradcomp::invalid_argument const& e) {
+        usage("--steps-factor: " + std::string(e.what()));
+      } catch (std::exception const&) {
+        usage("--steps-factor: '" + v.substr(eq + 1) + "' is not a positive number");
+      }
+    } else if (flag == "--list-compressors") {
       gradcomp::for_each_registered([]<class C>(std::type_identity<C>) { std::cout << C::name << "\n"; });
       std::exit(0);
     } else if (flag == "--warmup")
@@ -252,6 +268,10 @@ cli parse(int argc, char** argv) {
     if (c.o.automatic()) {  // the planner chooses among these at the start (flat host reductions only)
       (void)gradcomp::auto_candidates(c.o.compressor);
       if (!spec_flags.empty()) usage("--compressor auto takes its candidates' parameters in its spec");
+      auto const candidates = gradcomp::auto_candidates(c.o.compressor);
+      for (auto const& [spec, factor] : c.o.steps_factor)
+        if (std::none_of(candidates.begin(), candidates.end(), [&](auto const& s) { return s.str() == spec; }))
+          usage("--steps-factor names " + spec + ", which is not one of the candidates of " + c.o.compressor);
       if (c.o.ranks_per_node > 0 || c.o.shard_optimizer || c.backend == "nccl")
         usage(
             "--compressor auto plans flat all-reduces on the host: not with --ranks-per-node, --shard-optimizer "
@@ -264,6 +284,7 @@ cli parse(int argc, char** argv) {
   } catch (gradcomp::invalid_argument const& e) {
     usage(e.what());
   }
+  if (!c.o.steps_factor.empty() && !c.o.automatic()) usage("--steps-factor is for --compressor auto");
   if (c.o.checkpoint_every > 0 && c.o.checkpoint.empty()) usage("--checkpoint-every needs --checkpoint PATH");
   if (!c.o.checkpoint.empty() && c.o.checkpoint_every == 0) usage("--checkpoint needs --checkpoint-every N");
   if (c.o.bucket_kb == 0) usage("--bucket-kb must be at least 1");

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -54,6 +55,12 @@ struct options {
   std::size_t eval_every = 100;                  ///< Steps between test evaluations.
   std::size_t max_steps = 0;                     ///< Stop after this many steps (0: no limit).
   bool check_replicas = false;  ///< After each step, ranks compare their weights (throws if they differ).
+  /// The planner's steps to the target relative to bf16's, by spec string
+  /// (auto only): it then ranks by time to target, ...
+  std::map<std::string, double> steps_factor;
+  /// ... whole steps weighed: the forward and backward passes' seconds
+  /// (train_rank times them before planning).
+  double compute_seconds = 0;
 
   /// How the model's buckets are made and reduced (an automatic spec's
   /// buckets take bf16 until the planner chooses: host_reducer).
@@ -169,7 +176,9 @@ class host_reducer : public reducer {
       reduce_ = std::make_unique<model_reducer>(shapes(layout), nodes_->groups, o.reducer_options(), one);
     } else if (o.automatic()) {  // the planner chooses each large bucket's compressor, over the real world
       auto [chosen, plan] = gradcomp::choose_compressors<G>(comm, shapes(layout), o.reducer_options(), one,
-                                                            {.candidates = gradcomp::auto_candidates(o.compressor)});
+                                                            {.candidates = gradcomp::auto_candidates(o.compressor),
+                                                             .steps_factor = o.steps_factor,
+                                                             .compute_seconds = o.compute_seconds});
       if (comm.rank() == 0) std::printf("%s", plan.table().c_str());
       print_predictions(comm, shapes(layout), chosen, plan, one);
       reduce_ = std::make_unique<model_reducer>(shapes(layout), timed_, chosen, one);
@@ -551,6 +560,26 @@ inline double accuracy(mlp& model, dataset const& test) {
   return static_cast<double>(correct) / static_cast<double>(test.count);
 }
 
+/// Seconds of one step's forward and backward passes on a batch of
+/// `o.batch` examples: the median of five after a warm one, the slowest
+/// rank's (collective over `comm`).
+template <class Collective>
+double backward_seconds(Collective& comm, mlp& model, dataset const& train_set, options const& o) {
+  std::size_t const batch = std::min(o.batch, train_set.count);
+  std::vector<float> gradient(model.layout().size());
+  std::vector<double> times;
+  for (int s = 0; s < 6; ++s) {
+    auto const start = std::chrono::steady_clock::now();
+    (void)model.loss_and_gradient(train_set.images.data(), train_set.labels.data(), batch, gradient.data(),
+                                  [](std::size_t) {});
+    if (s > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  double slowest = times[times.size() / 2];
+  comm.all_reduce(&slowest, &slowest, 1, gradcomp::reduce_op::max);
+  return slowest;
+}
+
 /// Trains one rank of `comm`; every rank must call it with the same options.
 /// Gradients travel through the reducer `make` builds (by default over `comm`
 /// itself), bucket by bucket as the backward pass produces them; `comm` also
@@ -567,7 +596,9 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
   mlp model(sizes, o.seed);  // the same weights on every rank
   std::size_t const d = model.layout().size();
 
-  auto reduce = (make ? make : host_reducers(o, comm))(model.layout());
+  options planned = o;
+  if (o.automatic() && !o.steps_factor.empty()) planned.compute_seconds = backward_seconds(comm, model, train_set, o);
+  auto reduce = (make ? make : host_reducers(planned, comm))(model.layout());
   // The runs of weights this rank updates; the optimizer's state (momentum,
   // 16-bit gathers' fp32 masters) holds only those, one run after another.
   auto const owned = reduce->owned(d);
