@@ -130,19 +130,21 @@ class SeedsTest(unittest.TestCase):
 class ValidateTest(unittest.TestCase):
     """validate.py on made-up runs whose answer is known."""
 
-    def write(self, folder, rate, label, k, ms_per_step, predictions=()):
+    def write(self, folder, rate, label, k, ms_per_step, predictions=(), chosen=()):
         with open(os.path.join(folder, f"{rate}__{label}__r{k}.csv"), "w") as f:
             f.write("compressor,ranks,step,epoch,wall_s,compress_s,comm_s,exposed_s,wire_bytes,loss,test_acc\n")
             f.write("x,4,20,0.1,1.0,0.5,1.5,0,0,1,0.1\n")  # the first 20 steps are left out
             f.write(f"x,4,80,0.4,2.0,0.5,{1.5 + 0.06 * ms_per_step},0,0,1,0.2\n")
         with open(os.path.join(folder, f"{rate}__{label}__r{k}.log"), "w") as f:
-            f.write("Network ...\n" + "".join(f"prediction: spec={s} ms={t}\n" for s, t in predictions))
+            f.write("Network ...\n" + "".join(f"  {s}  0.1  0.2  0.3  100  0.90x  <- chosen\n" for s in chosen))
+            f.write("".join(f"prediction: spec={s} ms={t}\n" for s, t in predictions))
 
     def test_errors_and_picks(self):
         with tempfile.TemporaryDirectory() as folder:
             for k, scale in ((1, 1.0), (2, 1.1), (3, 0.9)):
                 self.write(folder, "1gbit", "auto", k, 10 * scale,
-                           [("bf16", 12), ("topkc:chunk_size=256,fraction=0.1", 9), ("auto", 9)])
+                           [("bf16", 12), ("topkc:chunk_size=256,fraction=0.1", 9), ("auto", 9)],
+                           ["bf16", "topkc:chunk_size=256,fraction=0.1"])
                 self.write(folder, "1gbit", "c0", k, 10 * scale)
                 self.write(folder, "1gbit", "c1", k, 12 * scale)
             out = io.StringIO()
@@ -152,9 +154,45 @@ class ValidateTest(unittest.TestCase):
             self.assertIn("| 1gbit | bf16 | 12.00 (12.00-12.00) | 10.00 (9.00-11.00) | +20% |", text)
             self.assertIn("| 1gbit | topkc:fraction=0.1,chunk_size=256 | 9.00 (9.00-9.00) | 12.00 (10.80-13.20) | -25% |",
                           text)
-            self.assertIn("fastest measured: bf16; the choice at 1.00x it", text)
+            self.assertIn("fastest measured: bf16; the choice (a mix, its own runs) at 1.00x it", text)
             self.assertIn("Median absolute error: 20% over 3 rows; the choice within 5% of the measured fastest at 1 of 1",
                           text)
+
+    def test_a_single_pick_is_judged_by_its_candidate(self):
+        """The choice ran TopK-Chunked in every bucket of every run: its own runs
+        (faster here, by the machine) do not count, TopK-Chunked's step does."""
+        with tempfile.TemporaryDirectory() as folder:
+            for k in (1, 2, 3):
+                self.write(folder, "1gbit", "auto", k, 9, [("bf16", 10), ("topkc:chunk_size=256,fraction=0.1", 9)],
+                           ["topkc:chunk_size=256,fraction=0.1"] * 2)
+                self.write(folder, "1gbit", "c0", k, 10)
+                self.write(folder, "1gbit", "c1", k, 12)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                validate.main(["--candidates", "bf16 topkc:fraction=0.1,chunk_size=256", folder])
+            text = out.getvalue()
+            self.assertIn("fastest measured: bf16; the choice (topkc:fraction=0.1,chunk_size=256 in every bucket, "
+                          "whose step is) at 1.20x it", text)
+            self.assertIn("the choice within 5% of the measured fastest at 0 of 1", text)
+
+    def test_layouts_in_one_table(self):
+        """Two folders, one layout each: rows named by folder, one summary over both."""
+        with tempfile.TemporaryDirectory() as root:
+            for layout, slow in (("one-node", 10), ("two-nodes", 20)):
+                folder = os.path.join(root, layout)
+                os.mkdir(folder)
+                for k in (1, 2, 3):
+                    self.write(folder, "1gbit", "auto", k, 10, [("bf16", 11)], ["bf16"])
+                    self.write(folder, "1gbit", "c0", k, 10)
+                    self.write(folder, "1gbit", "c1", k, slow)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                validate.main(["--candidates", "bf16 topkc:fraction=0.1,chunk_size=256",
+                               os.path.join(root, "one-node"), os.path.join(root, "two-nodes")])
+            text = out.getvalue()
+            self.assertIn("| one-node 1gbit | bf16 | 11.00 (11.00-11.00) | 10.00 (10.00-10.00) | +10% |", text)
+            self.assertIn("| two-nodes 1gbit | *fastest measured: bf16; the choice (bf16 in every bucket", text)
+            self.assertIn("over 2 rows; the choice within 5% of the measured fastest at 2 of 2 rates and layouts", text)
 
 
 if __name__ == "__main__":
