@@ -200,6 +200,10 @@ TEST_CASE("a bucket's choice: the lowest score, but bf16 unless another saves th
   c.choose(0.0);
   CHECK(c.chosen == 0);
   c.compute = 0;
+  c.rows[0].refused = "bf16 cannot run here";  // an allowed bf16 that cannot run is never kept
+  c.choose(0.5);
+  CHECK(c.chosen == 2);
+  c.rows[0].refused.clear();
   c.rows[2].refused = "cannot run here";
   c.rows[1].refused = "nor here";
   c.choose(0.0);
@@ -208,11 +212,27 @@ TEST_CASE("a bucket's choice: the lowest score, but bf16 unless another saves th
   CHECK_THROWS_WITH_AS(c.choose(0.0), doctest::Contains("no candidate can run on a bucket of 1000 elements"),
                        invalid_argument);
 
+  // A tie with bf16 goes to bf16, even where bf16 is the later row.
+  bucket_choice tie;
+  tie.rows = {row("powersgd", 1.5, 0.5), row("bf16", 1.0, 1.0)};
+  tie.baseline = 1;
+  tie.choose(0.0);
+  CHECK(tie.chosen == 1);
+  CHECK_FALSE(tie.pays());
+
   planner_options bad;
   bad.min_gain = 1.0;
   local_group::run(1, [&](local_group::communicator& comm) {
     CHECK_THROWS_WITH_AS(plan_compression(comm, {bucket_layout(100)}, host_space{}, bad),
                          doctest::Contains("min_gain 1.000000 is not in [0, 1)"), invalid_argument);
+    bad.min_gain = 0.1;
+    bad.compute_seconds = -1;
+    CHECK_THROWS_WITH_AS(plan_compression(comm, {bucket_layout(100)}, host_space{}, bad),
+                         doctest::Contains("negative compute_seconds"), invalid_argument);
+    bad.compute_seconds = 0;
+    bad.steps_factor = {{"topkc", 0.0}};
+    CHECK_THROWS_WITH_AS(plan_compression(comm, {bucket_layout(100)}, host_space{}, bad),
+                         doctest::Contains("the steps factor of 'topkc' is not positive"), invalid_argument);
   });
 }
 

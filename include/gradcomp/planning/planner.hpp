@@ -57,12 +57,14 @@ struct planner_options {
   /// backward passes, the optimizer, the small buckets). Time to target is
   /// steps x the whole step: each bucket's score carries a share of this, by
   /// its elements, so that steps factors and min_gain weigh the whole step
-  /// (0: the reductions alone).
+  /// (0: the reductions alone). Buckets are scored one by one: a plan that
+  /// mixes compressors is priced as if each bucket's factor applied to its
+  /// share of the step.
   double compute_seconds = 0;
   /// Where bf16 is a candidate, another is chosen over it only if predicted
-  /// to save at least this fraction of bf16's score: a smaller gain is
-  /// within the prediction's own error, and compression's effect on
-  /// convergence is not in a step's time.
+  /// to save more than this fraction of bf16's score: a smaller gain is
+  /// within the spread of the planner's validation, and compression's
+  /// effect on convergence is not in a step's time.
   double min_gain = 0.1;
   /// Timed steps of each candidate's local work (their median counts).
   int timed_steps = 5;
@@ -100,8 +102,8 @@ struct bucket_choice {
   bool pays() const { return chosen != baseline && score(rows[chosen]) < score(rows[baseline]); }
 
   /// Sets `chosen`: the allowed row that can run with the lowest score (ties
-  /// go to the earlier row), but bf16, where it is allowed, unless that row
-  /// saves at least `min_gain` of bf16's score.
+  /// go to the earlier row), but bf16, where it is allowed and can run,
+  /// unless that row saves more than `min_gain` of bf16's score.
   void choose(double min_gain) {
     bool found = false;
     for (std::size_t r = 0; r < rows.size(); ++r)
@@ -109,7 +111,8 @@ struct bucket_choice {
         chosen = r, found = true;
     GRADCOMP_EXPECTS(found, "plan_compression: no candidate can run on a bucket of " + std::to_string(elements) +
                                 " elements here (" + rows.front().refused + ")");
-    if (rows[baseline].allowed && score(rows[chosen]) > (1 - min_gain) * score(rows[baseline])) chosen = baseline;
+    auto const& base = rows[baseline];
+    if (base.allowed && base.refused.empty() && score(rows[chosen]) >= (1 - min_gain) * score(base)) chosen = baseline;
   }
 };
 
@@ -167,7 +170,7 @@ struct compression_plan {
       }
       any_pays |= c.pays();
     }
-    // Ranked by time to target: what each "vs bf16" column weighed beside the rows' totals.
+    // What each "vs bf16" weighed beside the rows' totals: the step's other work, steps factors.
     double compute = 0;
     std::map<std::string, double> factors;
     for (auto const& c : buckets) {
