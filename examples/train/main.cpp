@@ -181,8 +181,10 @@ cli parse(int argc, char** argv) {
       std::size_t const eq = v.rfind('=');
       if (eq == std::string::npos || eq == 0) usage("--steps-factor takes SPEC=F, not '" + v + "'");
       try {
-        double const factor = std::stod(v.substr(eq + 1));
-        if (!(factor > 0)) throw std::invalid_argument("not positive");
+        std::size_t used = 0;
+        double const factor = std::stod(v.substr(eq + 1), &used);
+        if (used != v.size() - eq - 1 || !(factor > 0) || !std::isfinite(factor))
+          throw std::invalid_argument("not a positive number");
         c.o.steps_factor[gradcomp::compressor_spec::parse(v.substr(0, eq)).str()] = factor;
       } catch (gradcomp::invalid_argument const& e) {
         usage("--steps-factor: " + std::string(e.what()));
@@ -266,12 +268,11 @@ cli parse(int argc, char** argv) {
   }
   try {
     if (c.o.automatic()) {  // the planner chooses among these at the start (flat host reductions only)
-      (void)gradcomp::auto_candidates(c.o.compressor);
       if (!spec_flags.empty()) usage("--compressor auto takes its candidates' parameters in its spec");
       auto const candidates = gradcomp::auto_candidates(c.o.compressor);
-      for (auto const& [spec, factor] : c.o.steps_factor)
-        if (std::none_of(candidates.begin(), candidates.end(), [&](auto const& s) { return s.str() == spec; }))
-          usage("--steps-factor names " + spec + ", which is not one of the candidates of " + c.o.compressor);
+      for (auto const& factor : c.o.steps_factor)  // (not a binding: clang 14 lambdas cannot capture those)
+        if (std::none_of(candidates.begin(), candidates.end(), [&](auto const& s) { return s.str() == factor.first; }))
+          usage("--steps-factor names " + factor.first + ", which is not one of the candidates of " + c.o.compressor);
       if (c.o.ranks_per_node > 0 || c.o.shard_optimizer || c.backend == "nccl")
         usage(
             "--compressor auto plans flat all-reduces on the host: not with --ranks-per-node, --shard-optimizer "

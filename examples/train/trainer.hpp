@@ -58,8 +58,9 @@ struct options {
   /// The planner's steps to the target relative to bf16's, by spec string
   /// (auto only): it then ranks by time to target, ...
   std::map<std::string, double> steps_factor;
-  /// ... whole steps weighed: the forward and backward passes' seconds
-  /// (train_rank times them before planning).
+  /// ... whole steps weighed, by the forward and backward passes' seconds
+  /// (train_rank times them before planning; the optimizer's and the small
+  /// buckets' time are left out, a small part of a step here).
   double compute_seconds = 0;
 
   /// How the model's buckets are made and reduced (an automatic spec's
@@ -564,7 +565,7 @@ inline double accuracy(mlp& model, dataset const& test) {
 /// `o.batch` examples: the median of five after a warm one, the slowest
 /// rank's (collective over `comm`).
 template <class Collective>
-double backward_seconds(Collective& comm, mlp& model, dataset const& train_set, options const& o) {
+double forward_backward_seconds(Collective& comm, mlp& model, dataset const& train_set, options const& o) {
   std::size_t const batch = std::min(o.batch, train_set.count);
   std::vector<float> gradient(model.layout().size());
   std::vector<double> times;
@@ -596,8 +597,9 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
   mlp model(sizes, o.seed);  // the same weights on every rank
   std::size_t const d = model.layout().size();
 
-  options planned = o;
-  if (o.automatic() && !o.steps_factor.empty()) planned.compute_seconds = backward_seconds(comm, model, train_set, o);
+  options planned = o;  // (a reducer of the caller's own plans nothing)
+  if (!make && o.automatic() && !o.steps_factor.empty())
+    planned.compute_seconds = forward_backward_seconds(comm, model, train_set, o);
   auto reduce = (make ? make : host_reducers(planned, comm))(model.layout());
   // The runs of weights this rank updates; the optimizer's state (momentum,
   // 16-bit gathers' fp32 masters) holds only those, one run after another.
