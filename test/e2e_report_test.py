@@ -154,7 +154,7 @@ class ValidateTest(unittest.TestCase):
             self.assertIn("| 1gbit | bf16 | 12.00 (12.00-12.00) | 10.00 (9.00-11.00) | +20% |", text)
             self.assertIn("| 1gbit | topkc:fraction=0.1,chunk_size=256 | 9.00 (9.00-9.00) | 12.00 (10.80-13.20) | -25% |",
                           text)
-            self.assertIn("fastest measured: bf16; the choice (a mix, its own runs) at 1.00x it", text)
+            self.assertIn("fastest measured: bf16; the choice (a mix: its own runs) at 1.00x it", text)
             self.assertIn("Median absolute error: 20% over 3 rows; the choice within 5% of the measured fastest at 1 of 1",
                           text)
 
@@ -171,9 +171,27 @@ class ValidateTest(unittest.TestCase):
             with contextlib.redirect_stdout(out):
                 validate.main(["--candidates", "bf16 topkc:fraction=0.1,chunk_size=256", folder])
             text = out.getvalue()
-            self.assertIn("fastest measured: bf16; the choice (topkc:fraction=0.1,chunk_size=256 in every bucket, "
-                          "whose step is) at 1.20x it", text)
+            self.assertIn("fastest measured: bf16; the choice (topkc:fraction=0.1,chunk_size=256 in every bucket: "
+                          "its step) at 1.20x it", text)
             self.assertIn("the choice within 5% of the measured fastest at 0 of 1", text)
+
+    def test_a_pick_without_its_candidates_runs(self):
+        """The logs name no choice, or one whose own runs are missing: the
+        choice's own runs are the measure, and the row says why."""
+        with tempfile.TemporaryDirectory() as folder:
+            for k in (1, 2, 3):
+                self.write(folder, "1gbit", "auto", k, 11, [("bf16", 10)])
+                self.write(folder, "1gbit", "c0", k, 10)
+                self.write(folder, "10gbit", "auto", k, 11, [("bf16", 10)], ["topkc:chunk_size=256,fraction=0.1"])
+                self.write(folder, "10gbit", "c0", k, 10)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                validate.main(["--candidates", "bf16 topkc:fraction=0.1,chunk_size=256", folder])
+            text = out.getvalue()
+            self.assertIn("| 1gbit | *fastest measured: bf16; the choice (not read from the logs: its own runs) at 1.10x it",
+                          text)
+            self.assertIn("| 10gbit | *fastest measured: bf16; the choice (topkc:fraction=0.1,chunk_size=256 in every "
+                          "bucket, not run alone: its own runs) at 1.10x", text)
 
     def test_layouts_in_one_table(self):
         """Two folders, one layout each: rows named by folder, one summary over both."""
@@ -191,7 +209,7 @@ class ValidateTest(unittest.TestCase):
                                os.path.join(root, "one-node"), os.path.join(root, "two-nodes")])
             text = out.getvalue()
             self.assertIn("| one-node 1gbit | bf16 | 11.00 (11.00-11.00) | 10.00 (10.00-10.00) | +10% |", text)
-            self.assertIn("| two-nodes 1gbit | *fastest measured: bf16; the choice (bf16 in every bucket", text)
+            self.assertIn("| two-nodes 1gbit | *fastest measured: bf16; the choice (bf16 in every bucket: its step)", text)
             self.assertIn("over 2 rows; the choice within 5% of the measured fastest at 2 of 2 rates and layouts", text)
 
 

@@ -45,6 +45,8 @@ while (($#)); do
   esac
 done
 
+[[ $ranks =~ ^[1-9][0-9]*$ ]] || { echo "$0: --ranks takes a positive number, not '$ranks'" >&2; exit 2; }
+
 source bench/e2e/common.sh
 check_names "$only"
 prepare ip tc mpiexec gnuplot python3

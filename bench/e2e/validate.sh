@@ -44,13 +44,13 @@ while (($#)); do
   esac
 done
 
-if [ "$nodes" != 1 ] && { [ "$nodes" != 2 ] || ((ranks % 2)); }; then
-  echo "$0: --nodes is 1 or 2, and two nodes take an even number of ranks" >&2
+if ! [[ $ranks =~ ^[1-9][0-9]*$ ]] || { [ "$nodes" != 1 ] && { [ "$nodes" != 2 ] || ((ranks % 2)); }; }; then
+  echo "$0: --ranks is a positive number, --nodes 1 or 2, and two nodes take an even number of ranks" >&2
   exit 2
 fi
 
 source bench/e2e/common.sh
-prepare ip tc mpiexec unshare python3
+if ((nodes == 1)); then prepare ip tc mpiexec python3; else prepare ip tc mpiexec unshare python3; fi
 
 if ((nodes == 1)); then
   ns=gradcomp-validate-$$
