@@ -62,13 +62,13 @@ expect "mpiexec is told to pass them on" "${blas_env[*]}" "-x OPENBLAS_CORETYPE"
 if [ "$saved" = unset ]; then unset OPENBLAS_CORETYPE; else export OPENBLAS_CORETYPE=$saved; fi
 grep -q '^choose_blas_kernels$' examples/demo.sh && got=yes || got=no
 expect "the demo chooses the kernels as the scripts do" "$got" yes
-for script in bench/e2e/run.sh bench/e2e/validate.sh bench/e2e/common.sh; do
-  grep -q 'mpiexec .*"${blas_env\[@\]}"' "$script" && got=yes || got=no
-  expect "$script passes the BLAS kernels to mpiexec" "$got" yes
-done
-for script in bench/e2e/two_nodes.sh bench/e2e/validate.sh; do  # (common.sh's two_node_mpiexec passes them)
-  grep -q '^ *two_node_mpiexec ' "$script" && got=yes || got=no
-  expect "$script starts its two nodes' ranks through common.sh" "$got" yes
+expect "both of common.sh's launchers pass the BLAS kernels to mpiexec" \
+  "$(grep -c 'mpiexec -n [^ ]* "${blas_env\[@\]}"' bench/e2e/common.sh)" 2
+for script in bench/e2e/run.sh bench/e2e/two_nodes.sh bench/e2e/validate.sh; do  # (through common.sh's launchers)
+  grep -q ' mpiexec -n' "$script" && got=no || got=yes
+  expect "$script starts its ranks only through common.sh" "$got" yes
+  grep -Eq '(one|two)_node_mpiexec ' "$script" && got=yes || got=no
+  expect "$script starts its ranks through common.sh" "$got" yes
 done
 
 # Every --only list in the docs names known compressors (torch.sh's: its hooks).

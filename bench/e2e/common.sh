@@ -153,6 +153,16 @@ shape_two_nodes() {
   done
 }
 
+# mpiexec with N ranks in namespace NAME (make_namespace's), talking TCP
+# over its loopback, then the rest of the command line.
+#   one_node_mpiexec NAME N COMMAND...
+one_node_mpiexec() {
+  local ns=$1 n=$2
+  shift 2
+  ip netns exec "$ns" mpiexec -n "$n" "${blas_env[@]}" --oversubscribe --allow-run-as-root --bind-to none \
+    --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "$@"
+}
+
 # mpiexec with N ranks over make_two_nodes's nodes, half on each, then the
 # rest of the command line. OpenMPI is told to yield when idle: each
 # emulated node has as many slots as ranks, so it would not see the
@@ -161,8 +171,9 @@ shape_two_nodes() {
 #   two_node_mpiexec N COMMAND...
 two_node_mpiexec() {
   local half=$(($1 / 2))
+  local n=$((2 * half))
   shift
-  ip netns exec "$node_a" mpiexec -n $((2 * half)) "${blas_env[@]}" --host "$node_a:$half,$node_b:$half" \
+  ip netns exec "$node_a" mpiexec -n "$n" "${blas_env[@]}" --host "$node_a:$half,$node_b:$half" \
     --allow-run-as-root --bind-to none --mca plm_rsh_agent "$node_agent" --mca mpi_yield_when_idle 1 \
     --mca btl vader,tcp,self --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 "$@"
 }

@@ -71,9 +71,7 @@ for rate in $rates; do
         echo "== $rate: $label${repeat:+ (run $k of $repeat)}"
         set_run_flags "$target" "$k"
         # shellcheck disable=SC2086
-        ip netns exec "$ns" mpiexec -n "$ranks" --oversubscribe --allow-run-as-root --bind-to none "${blas_env[@]}" \
-          --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo \
-          "$train" --backend mpi $flags --overlap "$overlap" "${run_flags[@]}" --out "$file" "${extra[@]}" | tail -1
+        one_node_mpiexec "$ns" "$ranks" "$train" --backend mpi $flags --overlap "$overlap" "${run_flags[@]}" --out "$file" "${extra[@]}" | tail -1
       done
     done
   done

@@ -64,12 +64,7 @@ auto="auto:of=${candidates// /+}"
 every=$((steps / 4))
 
 launch() {  # the trainer's command line, on the ranks of the layout
-  if ((nodes == 1)); then
-    ip netns exec "$ns" mpiexec -n "$ranks" --oversubscribe --allow-run-as-root --bind-to none "${blas_env[@]}" \
-      --mca btl tcp,self --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "$@"
-  else
-    two_node_mpiexec "$ranks" "$@"
-  fi
+  if ((nodes == 1)); then one_node_mpiexec "$ns" "$ranks" "$@"; else two_node_mpiexec "$ranks" "$@"; fi
 }
 
 train_one() {  # rate, label, spec, k
