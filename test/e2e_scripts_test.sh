@@ -106,6 +106,24 @@ if [ $# -ge 1 ]; then
       expect "the trainer knows $word" "$got" yes
     done
   done
+
+  # In process the validation needs no root: a short run of two candidates
+  # makes its table, the planner's choice judged against both.
+  dir=$(mktemp -d)
+  if GRADCOMP_TRAIN=$train bash bench/e2e/validate.sh --in-process --out "$dir" --steps 8 --repeat 1 --ranks 2 \
+       --candidates "bf16 topkc" >"$dir/out.txt" 2>&1; then
+    for row in "| in-process | bf16 |" "| in-process | topkc |" "| in-process | the planner's choice |" \
+               "| in-process | *fastest measured: " "over 3 rows; the choice within 5% of the measured fastest at "; do
+      grep -qF -- "$row" "$dir/table.md" && got=yes || got=no
+      expect "the in-process validation's table has '$row'" "$got" yes
+    done
+    runs=("$dir"/in-process__*__r1.csv)
+    expect "the in-process validation's runs" "${#runs[@]}" 3
+  else
+    echo "FAIL: validate.sh --in-process failed:"; cat "$dir/out.txt"
+    failures=$((failures + 1))
+  fi
+  rm -rf "$dir"
 fi
 
 if ((failures)); then

@@ -178,15 +178,19 @@ two_node_mpiexec() {
     --mca btl vader,tcp,self --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 "$@"
 }
 
-# Root (namespaces, tc) and the tools named; OpenBLAS's kernels (a user's
-# OPENBLAS_CORETYPE wins), into blas_env for mpiexec; then the trainer:
-# $GRADCOMP_TRAIN if set (a build of your own), else build/examples/train,
-# built for this machine if missing.
+# Root (namespaces, tc), then prepare_trainer.
 prepare() {
   if [ "$(id -u)" -ne 0 ]; then
     echo "$0: needs root to create network namespaces and shape them with tc; run it with sudo" >&2
     exit 1
   fi
+  prepare_trainer "$@"
+}
+
+# The tools named; OpenBLAS's kernels (a user's OPENBLAS_CORETYPE wins), into
+# blas_env for mpiexec; then the trainer: $GRADCOMP_TRAIN if set (a build of
+# your own), else build/examples/train, built for this machine if missing.
+prepare_trainer() {
   local tool
   for tool in "$@"; do
     command -v "$tool" >/dev/null || { echo "$0: $tool is missing (bash .ci/install-deps installs it)" >&2; exit 1; }
