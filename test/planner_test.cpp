@@ -3,6 +3,7 @@
 // calls its dry runs record against each compressor's own wire bytes.
 #include <gradcomp/collectives/local_group.hpp>
 #include <gradcomp/planning/planner.hpp>
+#include <gradcomp/reducers/any_reduce_scatterer.hpp>
 
 #include <doctest/doctest.h>
 
@@ -101,34 +102,103 @@ TEST_CASE("a call is priced between the measured sizes that bracket it, and by t
   CHECK_THROWS_AS(m.seconds({collective_op::all_gather, dtype::uint8, 8}), invalid_argument);
 }
 
-TEST_CASE("a dry run's calls add up to each compressor's wire bytes") {
+namespace {
+
+// Every registered compressor's step, rehearsed as an all-reduce or (where
+// Sharded) a reduce-scatter: its recorded calls add up to its wire bytes, as
+// step_context counts them; where Sharded, what cannot shard is refused.
+template <bool Sharded>
+void check_recorded_calls() {
   bucket_layout layout;
   layout.add({300, 200}).add({200}).add({64, 1000}).add({4096});
   for_each_registered([&]<class C>(std::type_identity<C>) {
     for (int ranks : {1, 3, 4}) {
-      INFO(std::string(C::name) << " on " << ranks << " ranks");
+      INFO(std::string(C::name) << " on " << ranks << " ranks" << (Sharded ? ", reduce-scattered" : ""));
       compressor_spec spec = compressor_spec::parse(C::name);
       if (std::string_view(C::name) == "global_randk") spec.k = 1000;
-      plan_row const row = detail::rehearse<host_space, float>(spec, layout, 0, ranks, host_space{}, 1);
+      plan_row const row = detail::rehearse<host_space, float, Sharded>(spec, layout, 0, ranks, host_space{}, 1);
+      if (Sharded && !detail::shards_by_elements<C>) {
+        CHECK(row.refused.find("cannot reduce-scatter") != std::string::npos);
+        continue;
+      }
       REQUIRE(row.refused.empty());
-      double counted = 0;  // as step_context counts a step's wire bytes
-      for (auto const& call : row.calls)
+      double counted = 0;
+      bool scattered = false;
+      for (auto const& call : row.calls) {
         counted += call.op == collective_op::reduce_scatter ? call.bytes() / 2.0 : moved_bytes(call, ranks);
+        scattered |= call.op == collective_op::reduce_scatter;
+      }
       CHECK(counted == static_cast<double>(row.wire_bytes));
+      if (std::string_view(C::name) == "bf16") CHECK(scattered == Sharded);
       CHECK(row.local > 0);
     }
   });
 }
 
-TEST_CASE("every rank gets the same plan; one candidate is that candidate; what cannot run is left out with why") {
+// Two buckets (matrices and a vector; one flat), and options that plan them quickly.
+std::vector<bucket_layout> two_buckets() {
   std::vector<bucket_layout> layouts(2);
   layouts[0].add({256, 300}).add({300});
   layouts[1] = bucket_layout(50000);
+  return layouts;
+}
+planner_options quick(std::vector<compressor_spec> candidates) {
   planner_options options;
-  options.candidates = {compressor_spec::parse("bf16"), compressor_spec::parse("topkc"),
-                        compressor_spec::parse("thc:bits=8,lane=int8"), compressor_spec::parse("powersgd")};
+  options.candidates = std::move(candidates);
   options.timed_steps = 2;
   options.network = {.sizes = {8, 4096}, .repeats = 2};
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("a dry run's calls add up to each compressor's wire bytes, all-reduced and reduce-scattered") {
+  check_recorded_calls<false>();
+  check_recorded_calls<true>();
+}
+
+TEST_CASE("a sharded plan: the same on every rank, reduce-scatters priced, what cannot shard left out") {
+  std::vector<bucket_layout> const layouts = two_buckets();
+  planner_options options = quick({compressor_spec::parse("topk"), compressor_spec::parse("powersgd"),
+                                   compressor_spec::parse("topkc"), compressor_spec::parse("thc")});
+  std::vector<std::string> tables(3);
+  std::vector<std::string> built(3);
+  local_group::run(3, [&](local_group::communicator& comm) {
+    auto const r = static_cast<std::size_t>(comm.rank());
+    compression_plan const plan = plan_sharded_compression(comm, layouts, host_space{}, options);
+    tables[r] = plan.table();
+    CHECK(plan.sharded);
+    bool priced = false;
+    for (auto const& link : plan.network.links) priced |= link.op == collective_op::reduce_scatter;
+    CHECK(priced);
+    for (std::size_t b = 0; b < layouts.size(); ++b) {
+      auto const& c = plan.buckets[b];
+      CHECK(c.rows[0].refused.find("cannot reduce-scatter") != std::string::npos);  // classic TopK
+      CHECK(c.rows[1].refused.find("cannot reduce-scatter") != std::string::npos);  // PowerSGD
+      CHECK(c.rows[2].refused.empty());
+      CHECK(c.rows[2].communication > 0);
+      CHECK((c.chosen == 2 || c.chosen == 3));
+      any_reduce_scatterer<local_group::communicator, host_space> scatter(plan.chosen(b), comm, layouts[b],
+                                                                          host_space{});
+      built[r] += scatter.description() + ";";
+    }
+  });
+  CHECK((tables[1] == tables[0] && tables[2] == tables[0]));
+  CHECK((built[1] == built[0] && built[2] == built[0]));
+  CHECK(tables[0].find("topk: left out, ") != std::string::npos);
+  CHECK(tables[0].find("powersgd: left out, ") != std::string::npos);
+  CHECK(tables[0].find("reduce-scattered") != std::string::npos);
+  options.candidates = {compressor_spec::parse("powersgd")};  // nothing left to choose
+  local_group::run(2, [&](local_group::communicator& comm) {
+    CHECK_THROWS_WITH_AS(plan_sharded_compression(comm, layouts, host_space{}, options),
+                         doctest::Contains("no candidate can run"), invalid_argument);
+  });
+}
+
+TEST_CASE("every rank gets the same plan; one candidate is that candidate; what cannot run is left out with why") {
+  std::vector<bucket_layout> const layouts = two_buckets();
+  planner_options options = quick({compressor_spec::parse("bf16"), compressor_spec::parse("topkc"),
+                                   compressor_spec::parse("thc:bits=8,lane=int8"), compressor_spec::parse("powersgd")});
   std::vector<std::string> tables(3);
   std::vector<compression_plan> plans(3);
   local_group::run(3, [&](local_group::communicator& comm) {
@@ -249,9 +319,7 @@ TEST_CASE("automatic specs name their candidates, and nothing else passes as one
 TEST_CASE("one bucket's compressor: a fixed spec as itself, an automatic one planned the same on every rank") {
   bucket_layout layout;
   layout.add({128, 256}).add({256});
-  planner_options options;
-  options.timed_steps = 2;
-  options.network = {.sizes = {8, 4096}, .repeats = 2};
+  planner_options const options = quick(planner_options{}.candidates);
   std::vector<std::string> chosen(3);
   local_group::run(3, [&](local_group::communicator& comm) {
     auto const [fixed, none] = choose_compressor(comm, "thc:bits=2", layout, host_space{}, options);

@@ -19,6 +19,9 @@
 // factor (planner_options::steps_factor, e.g. from the time-to-accuracy
 // harness). Local work and communication are added, not overlapped: a
 // bucket's step runs its passes and its collectives one after the other.
+// plan_sharded_compression plans buckets that are reduce-scattered instead
+// (any_reduce_scatterer: a sharded optimizer's step); the weights'
+// all-gather after it is the same for every candidate and is not priced.
 #pragma once
 
 #include <gradcomp/collectives/dry_run.hpp>
@@ -26,6 +29,7 @@
 #include <gradcomp/error.hpp>
 #include <gradcomp/planning/network.hpp>
 #include <gradcomp/reducers/any_allreducer.hpp>
+#include <gradcomp/reducers/any_reduce_scatterer.hpp>
 #include <gradcomp/reducers/bucket_plan.hpp>
 #include <gradcomp/reducers/model_reducer_options.hpp>
 
@@ -120,6 +124,7 @@ struct bucket_choice {
 struct compression_plan {
   network_model network;
   std::vector<bucket_choice> buckets;
+  bool sharded = false;  ///< The buckets' steps are reduce-scatters (plan_sharded_compression).
 
   /// The chosen spec of bucket b.
   compressor_spec const chosen(std::size_t b) const {
@@ -153,8 +158,9 @@ struct compression_plan {
     bool any_pays = false;
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       auto const& c = buckets[b];
-      std::snprintf(line, sizeof line, "Bucket %zu (%zu elements):\n  %-28s %10s %10s %10s %12s %9s\n", b, c.elements,
-                    "candidate", "local ms", "comm ms", "total ms", "wire bytes", "vs bf16");
+      std::snprintf(line, sizeof line, "Bucket %zu (%zu elements%s):\n  %-28s %10s %10s %10s %12s %9s\n", b, c.elements,
+                    sharded ? ", reduce-scattered" : "", "candidate", "local ms", "comm ms", "total ms", "wire bytes",
+                    "vs bf16");
       out += line;
       for (std::size_t r = 0; r < c.rows.size(); ++r) {
         auto const& row = c.rows[r];
@@ -202,59 +208,67 @@ struct compression_plan {
 };
 
 namespace detail {
+/// rehearse's timing of `step` (a call of `reduce` on a gradient), into `row`.
+template <class Gradient, class Reducer, class Space, class Step>
+void time_steps(plan_row& row, Reducer& reduce, dry_run<Space>& dry, bucket_layout const& layout, Space const& space,
+                int steps, Step&& step) {
+  row.description = reduce.description();
+  std::size_t const d = layout.size();
+  std::vector<Gradient> host(d);
+  std::uint64_t state = 0x9e3779b97f4a7c15u;  // a fixed, varied gradient: nothing in it is special
+  for (auto& g : host) {
+    state = state * 6364136223846793005u + 1442695040888963407u;
+    g = Gradient(static_cast<float>(static_cast<std::int64_t>(state >> 40) - (1 << 23)) * 0x1.0p-23f);
+  }
+  buffer<Gradient, Space> gradient(d, space);
+  std::vector<double> times;
+  for (int s = 0; s < steps + 2; ++s) {
+    space.from_host(gradient.data(), host.data(), d * sizeof(Gradient));
+    space.synchronize();
+    dry.clear();
+    auto const start = std::chrono::steady_clock::now();
+    step(gradient.view());
+    reduce.synchronize();
+    if (s >= 2) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  row.local = times[times.size() / 2];
+  row.calls = dry.calls();
+  row.wire_bytes = reduce.wire_bytes();
+}
+
 /// The local work of `spec` on `layout` over a dry run of `ranks` ranks in
-/// `space`: the median of `steps` timed steps after two warm ones, with the
-/// calls of the last; `refused` says why where it cannot be built.
-template <class Space, class Gradient>
+/// `space` (an any_allreducer's step, or any_reduce_scatterer's where
+/// `Sharded`): the median of `steps` timed steps after two warm ones, with
+/// the calls of the last; `refused` says why where it cannot be built.
+template <class Space, class Gradient, bool Sharded = false>
 plan_row rehearse(compressor_spec const& spec, bucket_layout const& layout, int rank, int ranks, Space const& space,
                   int steps) {
   plan_row row;
   row.spec = spec.str();
   dry_run<Space> dry(rank, ranks, space);
+  allreducer_options const options{.nonfinite = nonfinite_policy::propagate};
   try {
-    any_allreducer<dry_run<Space>, Space, Gradient> reduce(spec, dry, layout, space,
-                                                           {.nonfinite = nonfinite_policy::propagate});
-    row.description = reduce.description();
-    std::size_t const d = layout.size();
-    std::vector<Gradient> host(d);
-    std::uint64_t state = 0x9e3779b97f4a7c15u;  // a fixed, varied gradient: nothing in it is special
-    for (auto& g : host) {
-      state = state * 6364136223846793005u + 1442695040888963407u;
-      g = Gradient(static_cast<float>(static_cast<std::int64_t>(state >> 40) - (1 << 23)) * 0x1.0p-23f);
+    if constexpr (Sharded) {
+      any_reduce_scatterer<dry_run<Space>, Space, Gradient> reduce(spec, dry, layout, space, options);
+      std::size_t const n = reduce.shard_size();
+      buffer<Gradient, Space> shard(std::max<std::size_t>(n, 1), space);
+      time_steps<Gradient>(row, reduce, dry, layout, space, steps,
+                           [&](auto gradient) { reduce(gradient, shard.view().subspan(0, n)); });
+    } else {
+      any_allreducer<dry_run<Space>, Space, Gradient> reduce(spec, dry, layout, space, options);
+      time_steps<Gradient>(row, reduce, dry, layout, space, steps, [&](auto gradient) { reduce(gradient); });
     }
-    buffer<Gradient, Space> gradient(d, space);
-    std::vector<double> times;
-    for (int s = 0; s < steps + 2; ++s) {
-      space.from_host(gradient.data(), host.data(), d * sizeof(Gradient));
-      space.synchronize();
-      dry.clear();
-      auto const start = std::chrono::steady_clock::now();
-      reduce(gradient.view());
-      reduce.synchronize();
-      if (s >= 2) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
-    std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-    row.local = times[times.size() / 2];
-    row.calls = dry.calls();
-    row.wire_bytes = reduce.wire_bytes();
   } catch (std::exception const& e) {
     row.refused = e.what();
   }
   return row;
 }
-}  // namespace detail
 
-/// Plans the buckets `layouts` of this rank of `collective` in `space` (see
-/// the top of this header): every candidate's local work on every bucket,
-/// the network for the calls they make, and each bucket's choice among the
-/// candidates (bucket_choice::choose: the fastest predicted step, times its
-/// steps factor, bf16 unless another saves planner_options::min_gain). Collective: every rank calls it with the same
-/// layouts and options, and every rank gets bitwise the same plan.
-/// @note Waits for the space, and takes about a second per (candidate,
-/// bucket) pair at most.
-template <gradient_element Gradient = float, class Collective, class Space>
-compression_plan plan_compression(Collective& collective, std::vector<bucket_layout> const& layouts, Space const& space,
-                                  planner_options const& options = {}) {
+/// plan_compression, or plan_sharded_compression where `Sharded`.
+template <bool Sharded, class Gradient, class Collective, class Space>
+compression_plan plan(Collective& collective, std::vector<bucket_layout> const& layouts, Space const& space,
+                      planner_options const& options) {
   GRADCOMP_EXPECTS(!options.candidates.empty() && options.timed_steps >= 1,
                    "plan_compression: no candidates, or no timed steps");
   GRADCOMP_EXPECTS(options.min_gain >= 0 && options.min_gain < 1,
@@ -268,14 +282,15 @@ compression_plan plan_compression(Collective& collective, std::vector<bucket_lay
   bool const bf16_allowed = std::any_of(specs.begin(), specs.end(), is_baseline);
   if (!bf16_allowed) specs.push_back(baseline_spec);
   compression_plan result;
+  result.sharded = Sharded;
   std::set<std::pair<collective_op, dtype>> seen;
   std::vector<double> local;  // to agree on: the slowest rank's
   for (auto const& layout : layouts) {
     bucket_choice c;
     c.elements = layout.size();
     for (std::size_t i = 0; i < specs.size(); ++i) {
-      plan_row row = detail::rehearse<Space, Gradient>(specs[i], layout, collective.rank(), collective.size(), space,
-                                                       options.timed_steps);
+      plan_row row = rehearse<Space, Gradient, Sharded>(specs[i], layout, collective.rank(), collective.size(), space,
+                                                        options.timed_steps);
       row.allowed = i < options.candidates.size();
       auto const factor = options.steps_factor.find(row.spec);
       row.factor = factor == options.steps_factor.end() ? 1.0 : factor->second;
@@ -307,6 +322,31 @@ compression_plan plan_compression(Collective& collective, std::vector<bucket_lay
     c.choose(options.min_gain);
   }
   return result;
+}
+}  // namespace detail
+
+/// Plans the buckets `layouts` of this rank of `collective` in `space` (see
+/// the top of this header): every candidate's local work on every bucket,
+/// the network for the calls they make, and each bucket's choice among the
+/// candidates (bucket_choice::choose: the fastest predicted step, times its
+/// steps factor, bf16 unless another saves planner_options::min_gain).
+/// Collective: every rank calls it with the same layouts and options, and
+/// every rank gets bitwise the same plan.
+/// @note Waits for the space, and takes about a second per (candidate,
+/// bucket) pair at most.
+template <gradient_element Gradient = float, class Collective, class Space>
+compression_plan plan_compression(Collective& collective, std::vector<bucket_layout> const& layouts, Space const& space,
+                                  planner_options const& options = {}) {
+  return detail::plan<false, Gradient>(collective, layouts, space, options);
+}
+
+/// plan_compression for buckets that are reduce-scattered
+/// (any_reduce_scatterer, as a sharded optimizer's step): a candidate that
+/// cannot reduce-scatter (PowerSGD, classic TopK) is left out with why.
+template <gradient_element Gradient = float, reduce_scattering Collective, class Space>
+compression_plan plan_sharded_compression(Collective& collective, std::vector<bucket_layout> const& layouts,
+                                          Space const& space, planner_options const& options = {}) {
+  return detail::plan<true, Gradient>(collective, layouts, space, options);
 }
 
 /// Whether `text` asks the planner to choose: "auto" or "auto:of=...".
