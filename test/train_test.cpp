@@ -163,6 +163,23 @@ TEST_CASE("the trainer's automatic spec ranks by the steps factors it is given")
   }
 }
 
+TEST_CASE(
+    "the trainer's automatic spec with a sharded optimizer plans reduce-scatters: it never picks what cannot shard") {
+  openblas_set_num_threads(1);
+  std::string const topkc = short_run_spec("topkc", 0.25), powersgd = short_run_spec("powersgd");
+  train::options o = small_run("bf16");
+  o.max_steps = 20;
+  o.eval_every = 20;
+  o.shard_optimizer = true;
+  o.compressor = "auto:of=" + powersgd + "+" + topkc;  // PowerSGD cannot reduce-scatter: TopK-Chunked is left
+  train::options fixed = o;
+  fixed.compressor = topkc;
+  train::result const chosen = run_local(o), alone = run_local(fixed);
+  REQUIRE(chosen.records.size() == 1);
+  CHECK(chosen.weights_hash == alone.weights_hash);
+  CHECK(chosen.wire_bytes_per_step == alone.wire_bytes_per_step);
+}
+
 TEST_CASE("overlap, 16-bit gradients and checkpoints in the training loop") {
   openblas_set_num_threads(1);
   auto const dir = std::filesystem::temp_directory_path() / ("gradcomp_train_" + std::to_string(::getpid()));

@@ -273,10 +273,10 @@ cli parse(int argc, char** argv) {
       for (auto const& factor : c.o.steps_factor)  // (not a binding: clang 14 lambdas cannot capture those)
         if (std::none_of(candidates.begin(), candidates.end(), [&](auto const& s) { return s.str() == factor.first; }))
           usage("--steps-factor names " + factor.first + ", which is not one of the candidates of " + c.o.compressor);
-      if (c.o.ranks_per_node > 0 || c.o.shard_optimizer || c.backend == "nccl")
+      if (c.o.ranks_per_node > 0 || c.backend == "nccl")
         usage(
-            "--compressor auto plans flat all-reduces on the host: not with --ranks-per-node, --shard-optimizer "
-            "or --backend nccl");
+            "--compressor auto plans flat reductions on the host (all-reduces, or reduce-scatters with "
+            "--shard-optimizer): not with --ranks-per-node or --backend nccl");
     } else {
       gradcomp::compressor_spec spec = c.o.spec();
       for (auto const& [key, value] : spec_flags) spec.set(key, value);

@@ -290,10 +290,28 @@ class sharded_reducer : public reducer {
       if (kind == 0 && b.layout.size() * sizeof(G) >= (o.bucket_kb << 10)) open[kind] = none;
     }
     gradcomp::model_reducer_options const plan = o.reducer_options();
-    for (std::size_t i = 0; i < buckets_.size(); ++i) {
+    auto const large = [&](bucket const& b) {
+      return tensors[b.tensors.front()].shape.size() > 1 && b.layout.size() >= o.min_compression;
+    };
+    std::vector<gradcomp::compressor_spec> chosen;  // the planner's, one per large bucket (auto)
+    if (o.automatic()) {                            // planned as reduce-scatters, over the real world
+      std::vector<gradcomp::bucket_layout> layouts;
+      for (bucket const& b : buckets_)
+        if (large(b)) layouts.push_back(b.layout);
+      if (nodes_) throw std::invalid_argument("sharded_reducer: the planner plans flat reduce-scatters only");
+      if (!layouts.empty()) {
+        auto const planned =
+            gradcomp::plan_sharded_compression<G>(comm, layouts, one,
+                                                  {.candidates = gradcomp::auto_candidates(o.compressor),
+                                                   .steps_factor = o.steps_factor,
+                                                   .compute_seconds = o.compute_seconds});
+        if (comm.rank() == 0) std::printf("%s", planned.table().c_str());
+        for (std::size_t b = 0; b < layouts.size(); ++b) chosen.push_back(planned.chosen(b));
+      }
+    }
+    for (std::size_t i = 0, k = 0; i < buckets_.size(); ++i) {
       bucket& b = buckets_[i];
-      bool const vectors = tensors[b.tensors.front()].shape.size() <= 1;
-      auto const spec = !vectors && b.layout.size() >= o.min_compression ? plan.compressor : plan.small;
+      auto const spec = !large(b) ? plan.small : o.automatic() ? chosen[k++] : plan.compressor;
       gradcomp::allreducer_options r = plan.reduce;
       r.bucket = i;
       if (nodes_)
