@@ -61,8 +61,19 @@ class agreement {
     cross.all_gather(exchange.data() + sizeof(statement), nodes, node);
     std::vector<statement> by_rail(all_.size());
     space.to_host(by_rail.data(), nodes, by_rail.size() * sizeof(statement));
-    for (std::size_t n = 0; n < by_rail.size() / per_node; ++n) {  // node n of this rail is node `first` of rail 0
-      std::size_t const first = by_rail[n * per_node].node;
+    // Node n of this rail is node `first` of rail 0. Where the nodes do not
+    // name distinct places, the rail's own order stands: a dry run (which
+    // gathers this rank's statement into every slot) agrees with itself.
+    std::size_t const count = by_rail.size() / per_node;
+    std::vector<bool> named(count, false);
+    bool distinct = true;
+    for (std::size_t n = 0; n < count && distinct; ++n) {
+      std::size_t const place = by_rail[n * per_node].node;
+      distinct = place < count && !named[place];
+      if (distinct) named[place] = true;
+    }
+    for (std::size_t n = 0; n < count; ++n) {
+      std::size_t const first = distinct ? by_rail[n * per_node].node : n;
       std::copy_n(by_rail.begin() + static_cast<std::ptrdiff_t>(n * per_node), per_node,
                   all_.begin() + static_cast<std::ptrdiff_t>(first * per_node));
       if (n == static_cast<std::size_t>(cross.rank())) self_ = static_cast<int>(first * per_node) + local.rank();
