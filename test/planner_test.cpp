@@ -52,6 +52,10 @@ struct slow_link {
   void broadcast(T* b, std::size_t n, int root) {
     modeled(static_cast<double>(n * sizeof(T)), [&] { inner->broadcast(b, n, root); });
   }
+  template <wire_type T>
+  void reduce_scatter(T const* s, T* r, std::size_t n, reduce_op op) {
+    modeled(static_cast<double>(n * sizeof(T)) * size(), [&] { inner->reduce_scatter(s, r, n, op); });
+  }
 };
 
 // Whether sleeps and spins keep their time here: not under ThreadSanitizer,
@@ -193,6 +197,65 @@ TEST_CASE("a sharded plan: the same on every rank, reduce-scatters priced, what 
     CHECK_THROWS_WITH_AS(plan_sharded_compression(comm, layouts, host_space{}, options),
                          doctest::Contains("no candidate can run"), invalid_argument);
   });
+}
+
+TEST_CASE("two levels: each level's calls priced on its own network, measured there; lanes sized for the nodes") {
+  std::vector<bucket_layout> const layouts = two_buckets();
+  // thc:bits=7 in 8-bit lanes: 4 ranks x 127 overflow the lane, 2 nodes x 127 do not.
+  auto const thc = compressor_spec::parse("thc:bits=7,lane=int8");
+  planner_options const options =
+      quick({compressor_spec::parse("bf16"), compressor_spec::parse("topk"), compressor_spec::parse("topkc"), thc});
+  double const latency = 2e-3, per_byte = 1e-7;  // across nodes only
+  std::vector<std::string> tables(4), uneven(4);
+  local_group::run(4, [&](local_group::communicator& comm) {
+    auto raw = split_nodes(comm, 2);
+    node_groups<slow_link> groups{slow_link{&raw.local, 0, 0}, slow_link{&raw.cross, latency, per_byte}};
+    compression_plan const plan = plan_compression(groups, layouts, host_space{}, options);
+    tables[static_cast<std::size_t>(comm.rank())] = plan.table();
+    CHECK(plan.node_network.ranks == 2);
+    CHECK(plan.network.ranks == 2);
+    auto const* across = plan.network.find(collective_op::all_reduce, dtype::bfloat16);
+    auto const* inside = plan.node_network.find(collective_op::reduce_scatter, dtype::float32);
+    REQUIRE(across != nullptr);
+    REQUIRE(inside != nullptr);
+    if (faithful_timing) {
+      CHECK(across->fit.latency == doctest::Approx(latency).epsilon(0.05));
+      CHECK(inside->fit.latency < latency / 4);
+    }
+    for (auto const& c : plan.buckets) {
+      CHECK(c.rows[1].refused.find("cannot be sharded") != std::string::npos);  // classic TopK
+      CHECK(c.rows[3].refused.empty());                                         // THC's lane holds 2 nodes
+      for (auto const& row : c.rows) {
+        if (!row.refused.empty()) continue;
+        CHECK_FALSE(row.node_calls.empty());
+        double across_bytes = 0, priced = 0;
+        for (auto const& call : row.calls) {
+          across_bytes += call.op == collective_op::reduce_scatter ? call.bytes() / 2.0 : moved_bytes(call, 2);
+          priced += plan.network.seconds(call);
+        }
+        for (auto const& call : row.node_calls) priced += plan.node_network.seconds(call);
+        CHECK(across_bytes == static_cast<double>(row.wire_bytes));  // (wire bytes: those across nodes)
+        CHECK(row.communication == priced);
+        CHECK(row.communication > latency);  // (every step crosses the slow link)
+      }
+    }
+    any_allreducer<local_group::communicator, host_space> reducer(plan.chosen(1), raw, layouts[1], host_space{});
+    // PowerSGD shards a node's bucket by its matrices: the ranks' calls
+    // differ, and the plan is still every rank's (each row its slowest rank's).
+    bucket_layout matrices;
+    matrices.add({64, 32}).add({512, 256}).add({300, 10});
+    uneven[static_cast<std::size_t>(comm.rank())] =
+        plan_compression(raw, {matrices}, host_space{},
+                         quick({compressor_spec::parse("bf16"), compressor_spec::parse("powersgd")}))
+            .table();
+    // Flat over the same 4 ranks, THC's lane would overflow.
+    compression_plan const flat = plan_compression(comm, layouts, host_space{}, options);
+    CHECK(flat.buckets[0].rows[3].refused.find("lane") != std::string::npos);
+  });
+  for (std::size_t r = 1; r < 4; ++r) CHECK((tables[r] == tables[0] && uneven[r] == uneven[0]));
+  CHECK(uneven[0].find("powersgd: left out") == std::string::npos);
+  CHECK(tables[0].find("Inside a node (2 ranks)") != std::string::npos);
+  CHECK(tables[0].find("Across nodes (2 nodes") != std::string::npos);
 }
 
 TEST_CASE("every rank gets the same plan; one candidate is that candidate; what cannot run is left out with why") {

@@ -163,11 +163,15 @@ double timed_call(Collective& c, Space const& space, collective_op op, T* room, 
 /// Measures `links` (operation and type pairs) over `collective` in `space`
 /// (see the top of this header). Collective: every rank calls it with the
 /// same links and options, and every rank gets bitwise the same model.
+/// Where `collective` is one group of several measured at once (a node, a
+/// rail), `others` are the groups that join them into the world: the
+/// slowest rank's medians are then agreed over those too, and the whole
+/// world gets the same model.
 /// @note Waits for the space after every call.
-template <class Collective, class Space>
+template <class Collective, class Space, class... Others>
 network_model measure_network(Collective& collective, Space const& space,
-                              std::vector<std::pair<collective_op, dtype>> const& links,
-                              network_options const& o = {}) {
+                              std::vector<std::pair<collective_op, dtype>> const& links, network_options const& o = {},
+                              Others&... others) {
   GRADCOMP_EXPECTS(o.sizes.size() >= 2 && o.repeats >= 1 && std::is_sorted(o.sizes.begin(), o.sizes.end()),
                    "measure_network: at least two sizes, in increasing order, and one repeat");
   int const n = collective.size();
@@ -197,6 +201,7 @@ network_model measure_network(Collective& collective, Space const& space,
   buffer<double, Space> agreed(medians.size(), space);
   space.from_host(agreed.data(), medians.data(), medians.size() * sizeof(double));
   collective.all_reduce(agreed.data(), agreed.data(), medians.size(), reduce_op::max);
+  (others.all_reduce(agreed.data(), agreed.data(), medians.size(), reduce_op::max), ...);
   space.to_host(medians.data(), agreed.data(), medians.size() * sizeof(double));
   network_model model;
   model.ranks = n;

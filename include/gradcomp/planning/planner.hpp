@@ -22,6 +22,8 @@
 // plan_sharded_compression plans buckets that are reduce-scattered instead
 // (any_reduce_scatterer: a sharded optimizer's step); the weights'
 // all-gather after it is the same for every candidate and is not priced.
+// Over node_groups, both plan the two-level reducers: the dry run has two
+// levels, and each level's calls are priced on that level's network.
 #pragma once
 
 #include <gradcomp/collectives/dry_run.hpp>
@@ -32,6 +34,7 @@
 #include <gradcomp/reducers/any_reduce_scatterer.hpp>
 #include <gradcomp/reducers/bucket_plan.hpp>
 #include <gradcomp/reducers/model_reducer_options.hpp>
+#include <gradcomp/reducers/node_groups.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -43,6 +46,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -70,6 +74,9 @@ struct planner_options {
   /// within the spread of the planner's validation, and compression's
   /// effect on convergence is not in a step's time.
   double min_gain = 0.1;
+  /// Two levels (node_groups): the node's reduce-scatter in bf16 rather
+  /// than fp32 (model_reducer_options::bf16_within_node).
+  bool bf16_within_node = false;
   /// Timed steps of each candidate's local work (their median counts).
   int timed_steps = 5;
   /// How the network is measured.
@@ -86,7 +93,8 @@ struct plan_row {
   double communication = 0;  ///< Predicted seconds of its calls.
   double factor = 1;         ///< Steps to target relative to bf16.
   std::size_t wire_bytes = 0;
-  std::vector<collective_call> calls;  ///< One step's, as recorded.
+  std::vector<collective_call> calls;       ///< One step's, as recorded (two levels: across nodes).
+  std::vector<collective_call> node_calls;  ///< Two levels: those inside the node.
   /// Predicted seconds per step.
   double total() const { return local + communication; }
 };
@@ -122,7 +130,8 @@ struct bucket_choice {
 
 /// The planner's answer: the measured network and each bucket's choice.
 struct compression_plan {
-  network_model network;
+  network_model network;                                ///< The group's (two levels: across nodes, one rank per node).
+  network_model node_network{.ranks = 0, .links = {}};  ///< Two levels: inside a node (else none: no ranks).
   std::vector<bucket_choice> buckets;
   bool sharded = false;  ///< The buckets' steps are reduce-scatters (plan_sharded_compression).
 
@@ -147,14 +156,22 @@ struct compression_plan {
   /// The plan as text: the network's lines, then a table per bucket and a
   /// verdict.
   std::string table() const {
-    std::string out = "Network (" + std::to_string(network.ranks) + " ranks), t = latency + bytes / bandwidth:\n";
     char line[256];
-    for (auto const& l : network.links) {
-      double const bw = l.fit.seconds_per_byte > 0 ? 1.0 / l.fit.seconds_per_byte / 1e9 : 0.0;
-      std::snprintf(line, sizeof line, "  %-14s %-9s latency %9.1f us, bandwidth %8.3f GB/s%s\n", name_of(l.op),
-                    std::string(name_of(l.type)).c_str(), l.fit.latency * 1e6, bw, bw == 0 ? " (not seen)" : "");
-      out += line;
-    }
+    auto const links = [&](network_model const& model, std::string const& what) {
+      std::string out = what + ", t = latency + bytes / bandwidth:\n";
+      for (auto const& l : model.links) {
+        double const bw = l.fit.seconds_per_byte > 0 ? 1.0 / l.fit.seconds_per_byte / 1e9 : 0.0;
+        std::snprintf(line, sizeof line, "  %-14s %-9s latency %9.1f us, bandwidth %8.3f GB/s%s\n", name_of(l.op),
+                      std::string(name_of(l.type)).c_str(), l.fit.latency * 1e6, bw, bw == 0 ? " (not seen)" : "");
+        out += line;
+      }
+      return out;
+    };
+    std::string out =
+        node_network.ranks == 0
+            ? links(network, "Network (" + std::to_string(network.ranks) + " ranks)")
+            : links(node_network, "Inside a node (" + std::to_string(node_network.ranks) + " ranks)") +
+                  links(network, "Across nodes (" + std::to_string(network.ranks) + " nodes, a rank of each)");
     bool any_pays = false;
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       auto const& c = buckets[b];
@@ -208,10 +225,37 @@ struct compression_plan {
 };
 
 namespace detail {
+/// A world's dry run, for rehearsals: one dry_run of the group's size, or
+/// two levels of them (a node's and a rail's).
+template <class Space, class Collective>
+dry_run<Space> dry_world(Collective const& c, Space const& space) {
+  return dry_run<Space>(c.rank(), c.size(), space);
+}
+template <class Space, class Collective>
+node_groups<dry_run<Space>> dry_world(node_groups<Collective> const& g, Space const& space) {
+  return {dry_world(g.local, space), dry_world(g.cross, space)};
+}
+template <class Space>
+void clear_calls(dry_run<Space>& dry) {
+  dry.clear();
+}
+template <class Space>
+void clear_calls(node_groups<dry_run<Space>>& dry) {
+  dry.local.clear(), dry.cross.clear();
+}
+template <class Space>
+void keep_calls(plan_row& row, dry_run<Space> const& dry) {
+  row.calls = dry.calls();
+}
+template <class Space>
+void keep_calls(plan_row& row, node_groups<dry_run<Space>> const& dry) {
+  row.calls = dry.cross.calls(), row.node_calls = dry.local.calls();
+}
+
 /// rehearse's timing of `step` (a call of `reduce` on a gradient), into `row`.
-template <class Gradient, class Reducer, class Space, class Step>
-void time_steps(plan_row& row, Reducer& reduce, dry_run<Space>& dry, bucket_layout const& layout, Space const& space,
-                int steps, Step&& step) {
+template <class Gradient, class Reducer, class Dry, class Space, class Step>
+void time_steps(plan_row& row, Reducer& reduce, Dry& dry, bucket_layout const& layout, Space const& space, int steps,
+                Step&& step) {
   row.description = reduce.description();
   std::size_t const d = layout.size();
   std::vector<Gradient> host(d);
@@ -225,7 +269,7 @@ void time_steps(plan_row& row, Reducer& reduce, dry_run<Space>& dry, bucket_layo
   for (int s = 0; s < steps + 2; ++s) {
     space.from_host(gradient.data(), host.data(), d * sizeof(Gradient));
     space.synchronize();
-    dry.clear();
+    clear_calls(dry);
     auto const start = std::chrono::steady_clock::now();
     step(gradient.view());
     reduce.synchronize();
@@ -233,31 +277,41 @@ void time_steps(plan_row& row, Reducer& reduce, dry_run<Space>& dry, bucket_layo
   }
   std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
   row.local = times[times.size() / 2];
-  row.calls = dry.calls();
+  keep_calls(row, dry);
   row.wire_bytes = reduce.wire_bytes();
 }
 
-/// The local work of `spec` on `layout` over a dry run of `ranks` ranks in
-/// `space` (an any_allreducer's step, or any_reduce_scatterer's where
-/// `Sharded`): the median of `steps` timed steps after two warm ones, with
-/// the calls of the last; `refused` says why where it cannot be built.
-template <class Space, class Gradient, bool Sharded = false>
-plan_row rehearse(compressor_spec const& spec, bucket_layout const& layout, int rank, int ranks, Space const& space,
-                  int steps) {
+/// The local work of `spec` on `layout` over `dry` (dry_world's) in `space`:
+/// an any_allreducer's step, or any_reduce_scatterer's where `Sharded`, in
+/// two levels where `dry` has them; the median of `steps` timed steps after
+/// two warm ones, with the calls of the last. `refused` says why where it
+/// cannot be built.
+template <class Space, class Gradient, bool Sharded, class Dry>
+plan_row rehearse(compressor_spec const& spec, bucket_layout const& layout, Dry& dry, Space const& space, int steps,
+                  bool bf16_within_node = false) {
+  using dry_collective = dry_run<Space>;
+  using reducer = std::conditional_t<Sharded, any_reduce_scatterer<dry_collective, Space, Gradient>,
+                                     any_allreducer<dry_collective, Space, Gradient>>;
   plan_row row;
   row.spec = spec.str();
-  dry_run<Space> dry(rank, ranks, space);
   allreducer_options const options{.nonfinite = nonfinite_policy::propagate};
-  try {
+  auto const run = [&](reducer& reduce) {
     if constexpr (Sharded) {
-      any_reduce_scatterer<dry_run<Space>, Space, Gradient> reduce(spec, dry, layout, space, options);
       std::size_t const n = reduce.shard_size();
       buffer<Gradient, Space> shard(std::max<std::size_t>(n, 1), space);
       time_steps<Gradient>(row, reduce, dry, layout, space, steps,
                            [&](auto gradient) { reduce(gradient, shard.view().subspan(0, n)); });
     } else {
-      any_allreducer<dry_run<Space>, Space, Gradient> reduce(spec, dry, layout, space, options);
       time_steps<Gradient>(row, reduce, dry, layout, space, steps, [&](auto gradient) { reduce(gradient); });
+    }
+  };
+  try {
+    if constexpr (std::is_same_v<Dry, dry_collective>) {
+      reducer reduce(spec, dry, layout, space, options);
+      run(reduce);
+    } else {
+      reducer reduce(spec, dry, layout, space, hierarchical_options{options, bf16_within_node});
+      run(reduce);
     }
   } catch (std::exception const& e) {
     row.refused = e.what();
@@ -265,9 +319,60 @@ plan_row rehearse(compressor_spec const& spec, bucket_layout const& layout, int 
   return row;
 }
 
-/// plan_compression, or plan_sharded_compression where `Sharded`.
-template <bool Sharded, class Gradient, class Collective, class Space>
-compression_plan plan(Collective& collective, std::vector<bucket_layout> const& layouts, Space const& space,
+/// rehearse on rank `rank` of a flat group of `ranks`.
+template <class Space, class Gradient, bool Sharded = false>
+plan_row rehearse(compressor_spec const& spec, bucket_layout const& layout, int rank, int ranks, Space const& space,
+                  int steps) {
+  dry_run<Space> dry(rank, ranks, space);
+  return rehearse<Space, Gradient, Sharded>(spec, layout, dry, space, steps);
+}
+
+/// The largest of each value over the world, on every rank.
+template <class Collective, class Space>
+void agree_max(Collective& c, buffer<double, Space>& values) {
+  c.all_reduce(values.data(), values.data(), values.size(), reduce_op::max);
+}
+template <class Collective, class Space>
+void agree_max(node_groups<Collective>& g, buffer<double, Space>& values) {
+  agree_max(g.local, values), agree_max(g.cross, values);
+}
+
+/// Operations and types a plan's calls use.
+using seen_links = std::set<std::pair<collective_op, dtype>>;
+
+/// Every link (operation and type) any rank of the world saw, on every rank.
+template <class World, class Space>
+void agree_links(World& world, Space const& space, seen_links& seen) {
+  constexpr std::size_t types = 16;  // (room for every dtype)
+  std::vector<double> flags(4 * types, 0.0);
+  for (auto const& [op, type] : seen) flags[static_cast<std::size_t>(op) * types + static_cast<std::size_t>(type)] = 1;
+  buffer<double, Space> any(flags.size(), space);
+  space.from_host(any.data(), flags.data(), flags.size() * sizeof(double));
+  agree_max(world, any);
+  space.to_host(flags.data(), any.data(), flags.size() * sizeof(double));
+  for (std::size_t i = 0; i < flags.size(); ++i)
+    if (flags[i] != 0) seen.insert({static_cast<collective_op>(i / types), static_cast<dtype>(i % types)});
+}
+
+/// The networks a plan prices its calls on: the group's, or across nodes
+/// and inside them (each measured on all nodes or rails at once, as a step
+/// runs them, and agreed over the world).
+template <class Collective, class Space>
+void measure_world(compression_plan& plan, Collective& c, Space const& space, seen_links const& seen, seen_links const&,
+                   network_options const& o) {
+  plan.network = measure_network(c, space, {seen.begin(), seen.end()}, o);
+}
+template <class Collective, class Space>
+void measure_world(compression_plan& plan, node_groups<Collective>& g, Space const& space, seen_links const& seen,
+                   seen_links const& node_seen, network_options const& o) {
+  plan.node_network = measure_network(g.local, space, {node_seen.begin(), node_seen.end()}, o, g.cross);
+  plan.network = measure_network(g.cross, space, {seen.begin(), seen.end()}, o, g.local);
+}
+
+/// plan_compression, or plan_sharded_compression where `Sharded`, over a
+/// flat `world` or one in two levels (node_groups).
+template <bool Sharded, class Gradient, class World, class Space>
+compression_plan plan(World& world, std::vector<bucket_layout> const& layouts, Space const& space,
                       planner_options const& options) {
   GRADCOMP_EXPECTS(!options.candidates.empty() && options.timed_steps >= 1,
                    "plan_compression: no candidates, or no timed steps");
@@ -283,18 +388,20 @@ compression_plan plan(Collective& collective, std::vector<bucket_layout> const& 
   if (!bf16_allowed) specs.push_back(baseline_spec);
   compression_plan result;
   result.sharded = Sharded;
-  std::set<std::pair<collective_op, dtype>> seen;
+  seen_links seen, node_seen;
   std::vector<double> local;  // to agree on: the slowest rank's
+  auto dry = dry_world(world, space);
   for (auto const& layout : layouts) {
     bucket_choice c;
     c.elements = layout.size();
     for (std::size_t i = 0; i < specs.size(); ++i) {
-      plan_row row = rehearse<Space, Gradient, Sharded>(specs[i], layout, collective.rank(), collective.size(), space,
-                                                        options.timed_steps);
+      plan_row row = rehearse<Space, Gradient, Sharded>(specs[i], layout, dry, space, options.timed_steps,
+                                                        options.bf16_within_node);
       row.allowed = i < options.candidates.size();
       auto const factor = options.steps_factor.find(row.spec);
       row.factor = factor == options.steps_factor.end() ? 1.0 : factor->second;
       for (auto const& call : row.calls) seen.insert({call.op, call.type});
+      for (auto const& call : row.node_calls) node_seen.insert({call.op, call.type});
       local.push_back(row.refused.empty() ? row.local : 0.0);
       if (is_baseline(specs[i])) c.baseline = c.rows.size();
       c.rows.push_back(std::move(row));
@@ -305,19 +412,37 @@ compression_plan plan(Collective& collective, std::vector<bucket_layout> const& 
   // follow from the layouts and the group's size: the same everywhere).
   buffer<double, Space> agreed(local.size(), space);
   space.from_host(agreed.data(), local.data(), local.size() * sizeof(double));
-  collective.all_reduce(agreed.data(), agreed.data(), local.size(), reduce_op::max);
+  agree_max(world, agreed);
   space.to_host(local.data(), agreed.data(), local.size() * sizeof(double));
-  result.network = measure_network(collective, space, {seen.begin(), seen.end()}, options.network);
+  // Two levels: a rank's calls follow its shard of the bucket, so ranks may
+  // see different links and price different calls. Every rank measures
+  // what any rank saw, and each row counts its slowest rank's calls.
+  agree_links(world, space, seen), agree_links(world, space, node_seen);
+  measure_world(result, world, space, seen, node_seen, options.network);
+  std::vector<double> priced;  // each row's communication, then its wire bytes
+  for (auto& c : result.buckets)
+    for (auto& row : c.rows) {
+      double seconds = 0;
+      if (row.refused.empty()) {
+        for (auto const& call : row.calls) seconds += result.network.seconds(call);
+        for (auto const& call : row.node_calls) seconds += result.node_network.seconds(call);
+      }
+      priced.push_back(seconds), priced.push_back(static_cast<double>(row.wire_bytes));
+    }
+  buffer<double, Space> slowest(priced.size(), space);
+  space.from_host(slowest.data(), priced.data(), priced.size() * sizeof(double));
+  agree_max(world, slowest);
+  space.to_host(priced.data(), slowest.data(), priced.size() * sizeof(double));
   double elements = 0;
   for (auto const& c : result.buckets) elements += static_cast<double>(c.elements);
   std::size_t k = 0;
   for (auto& c : result.buckets) {
     c.compute = elements > 0 ? options.compute_seconds * static_cast<double>(c.elements) / elements : 0.0;
     for (auto& row : c.rows) {
-      row.local = local[k++];
-      if (!row.refused.empty()) continue;
-      row.communication = 0;
-      for (auto const& call : row.calls) row.communication += result.network.seconds(call);
+      row.local = local[k];
+      row.communication = priced[2 * k];
+      row.wire_bytes = static_cast<std::size_t>(priced[2 * k + 1]);
+      ++k;
     }
     c.choose(options.min_gain);
   }
@@ -340,6 +465,19 @@ compression_plan plan_compression(Collective& collective, std::vector<bucket_lay
   return detail::plan<false, Gradient>(collective, layouts, space, options);
 }
 
+/// plan_compression for buckets reduced in two levels over `groups`
+/// (hierarchical_allreducer; planner_options::bf16_within_node as its
+/// option): calls inside the node are priced on the node's network, those
+/// across nodes on the rails' (compression_plan::node_network, network),
+/// each measured on every node or rail at once, as a step runs them. A
+/// compressor that cannot be sharded in a node (classic TopK) is left out
+/// with why. Collective over the world.
+template <gradient_element Gradient = float, class Collective, class Space>
+compression_plan plan_compression(node_groups<Collective>& groups, std::vector<bucket_layout> const& layouts,
+                                  Space const& space, planner_options const& options = {}) {
+  return detail::plan<false, Gradient>(groups, layouts, space, options);
+}
+
 /// plan_compression for buckets that are reduce-scattered
 /// (any_reduce_scatterer, as a sharded optimizer's step): a candidate that
 /// cannot reduce-scatter (PowerSGD, classic TopK) is left out with why.
@@ -347,6 +485,14 @@ template <gradient_element Gradient = float, reduce_scattering Collective, class
 compression_plan plan_sharded_compression(Collective& collective, std::vector<bucket_layout> const& layouts,
                                           Space const& space, planner_options const& options = {}) {
   return detail::plan<true, Gradient>(collective, layouts, space, options);
+}
+
+/// plan_sharded_compression in two levels over `groups`
+/// (hierarchical_reduce_scatterer), priced as plan_compression's two levels.
+template <gradient_element Gradient = float, reduce_scattering Collective, class Space>
+compression_plan plan_sharded_compression(node_groups<Collective>& groups, std::vector<bucket_layout> const& layouts,
+                                          Space const& space, planner_options const& options = {}) {
+  return detail::plan<true, Gradient>(groups, layouts, space, options);
 }
 
 /// Whether `text` asks the planner to choose: "auto" or "auto:of=...".
@@ -372,15 +518,16 @@ inline std::vector<compressor_spec> auto_candidates(std::string_view text) {
 /// The compressor of one bucket (an any_allreducer's): `text` parsed where
 /// it names one, with an empty plan; the planner's choice among its
 /// candidates for `layout` where it is "auto" or "auto:of=..." (`planner`'s
-/// candidates are then those). Collective over `collective` where automatic,
-/// as plan_compression: every rank gets the same spec.
-template <gradient_element Gradient = float, class Collective, class Space>
-std::pair<compressor_spec, compression_plan> choose_compressor(Collective& collective, std::string_view text,
+/// candidates are then those). Collective over `world` (a collective, or
+/// node_groups for two levels) where automatic, as plan_compression: every
+/// rank gets the same spec.
+template <gradient_element Gradient = float, class World, class Space>
+std::pair<compressor_spec, compression_plan> choose_compressor(World& world, std::string_view text,
                                                                bucket_layout const& layout, Space const& space,
                                                                planner_options planner = {}) {
   if (!is_auto_spec(text)) return {compressor_spec::parse(text), compression_plan{}};
   planner.candidates = auto_candidates(text);
-  compression_plan plan = plan_compression<Gradient>(collective, {layout}, space, planner);
+  compression_plan plan = plan_compression<Gradient>(world, {layout}, space, planner);
   compressor_spec chosen = plan.chosen(0);
   return {std::move(chosen), std::move(plan)};
 }
@@ -389,12 +536,13 @@ std::pair<compressor_spec, compression_plan> choose_compressor(Collective& colle
 /// matrices that `options`' bucket rules make of `shapes` (plan_buckets;
 /// `Gradient` as the reducer stores them) and returns `options` with each
 /// one's compressor chosen (model_reducer_options::compressors), and the
-/// plan. Collective over `collective` (the reducer's flat world), as
-/// plan_compression.
-template <gradient_element Gradient = float, class Collective, class Space>
+/// plan. Collective over `world`, the reducer's: a flat collective, or
+/// node_groups for two levels (options.bf16_within_node as the reducer's),
+/// as plan_compression.
+template <gradient_element Gradient = float, class World, class Space>
 std::pair<model_reducer_options, compression_plan> choose_compressors(
-    Collective& collective, std::vector<std::vector<std::size_t>> const& shapes, model_reducer_options options,
-    Space const& space, planner_options const& planner = {}) {
+    World& world, std::vector<std::vector<std::size_t>> const& shapes, model_reducer_options options,
+    Space const& space, planner_options planner = {}) {
   bucket_plan const buckets = plan_buckets(shapes, sizeof(Gradient), options);
   std::vector<bucket_layout> layouts;
   for (auto const& b : buckets.buckets) {
@@ -405,7 +553,8 @@ std::pair<model_reducer_options, compression_plan> choose_compressors(
   compression_plan plan;
   options.compressors.clear();
   if (layouts.empty()) return {options, plan};
-  plan = plan_compression<Gradient>(collective, layouts, space, planner);
+  planner.bf16_within_node = options.bf16_within_node;
+  plan = plan_compression<Gradient>(world, layouts, space, planner);
   for (std::size_t b = 0; b < layouts.size(); ++b) options.compressors.push_back(plan.chosen(b));
   return {options, plan};
 }
