@@ -163,21 +163,30 @@ TEST_CASE("the trainer's automatic spec ranks by the steps factors it is given")
   }
 }
 
-TEST_CASE(
-    "the trainer's automatic spec with a sharded optimizer plans reduce-scatters: it never picks what cannot shard") {
+TEST_CASE("the trainer's automatic spec plans its reducer's steps: sharded, in two levels, never what cannot run") {
   openblas_set_num_threads(1);
   std::string const topkc = short_run_spec("topkc", 0.25), powersgd = short_run_spec("powersgd");
-  train::options o = small_run("bf16");
-  o.max_steps = 20;
-  o.eval_every = 20;
-  o.shard_optimizer = true;
-  o.compressor = "auto:of=" + powersgd + "+" + topkc;  // PowerSGD cannot reduce-scatter: TopK-Chunked is left
-  train::options fixed = o;
-  fixed.compressor = topkc;
-  train::result const chosen = run_local(o), alone = run_local(fixed);
-  REQUIRE(chosen.records.size() == 1);
-  CHECK(chosen.weights_hash == alone.weights_hash);
-  CHECK(chosen.wire_bytes_per_step == alone.wire_bytes_per_step);
+  std::string const topk = short_run_spec("topk");
+  struct layout {
+    bool sharded;
+    int ranks_per_node;
+    std::string cannot;  // a candidate that cannot run there (TopK-Chunked can)
+  };
+  for (auto const& l : {layout{true, 0, powersgd}, layout{false, 2, topk}, layout{true, 2, powersgd}}) {
+    INFO("sharded " << l.sharded << ", ranks per node " << l.ranks_per_node);
+    train::options o = small_run("bf16");
+    o.max_steps = 20;
+    o.eval_every = 20;
+    o.shard_optimizer = l.sharded;
+    o.ranks_per_node = l.ranks_per_node;
+    o.compressor = "auto:of=" + l.cannot + "+" + topkc;  // TopK-Chunked is the one left
+    train::options fixed = o;
+    fixed.compressor = topkc;
+    train::result const chosen = run_local(o), alone = run_local(fixed);
+    REQUIRE(chosen.records.size() == 1);
+    CHECK(chosen.weights_hash == alone.weights_hash);
+    CHECK(chosen.wire_bytes_per_step == alone.wire_bytes_per_step);
+  }
 }
 
 TEST_CASE("overlap, 16-bit gradients and checkpoints in the training loop") {

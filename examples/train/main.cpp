@@ -267,16 +267,13 @@ cli parse(int argc, char** argv) {
       usage("unknown flag " + flag);
   }
   try {
-    if (c.o.automatic()) {  // the planner chooses among these at the start (flat host reductions only)
+    if (c.o.automatic()) {  // the planner chooses among these at the start (host reductions)
       if (!spec_flags.empty()) usage("--compressor auto takes its candidates' parameters in its spec");
       auto const candidates = gradcomp::auto_candidates(c.o.compressor);
       for (auto const& factor : c.o.steps_factor)  // (not a binding: clang 14 lambdas cannot capture those)
         if (std::none_of(candidates.begin(), candidates.end(), [&](auto const& s) { return s.str() == factor.first; }))
           usage("--steps-factor names " + factor.first + ", which is not one of the candidates of " + c.o.compressor);
-      if (c.o.ranks_per_node > 0 || c.backend == "nccl")
-        usage(
-            "--compressor auto plans flat reductions on the host (all-reduces, or reduce-scatters with "
-            "--shard-optimizer): not with --ranks-per-node or --backend nccl");
+      if (c.backend == "nccl") usage("--compressor auto plans reductions on the host: not with --backend nccl");
     } else {
       gradcomp::compressor_spec spec = c.o.spec();
       for (auto const& [key, value] : spec_flags) spec.set(key, value);

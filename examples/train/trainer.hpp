@@ -172,29 +172,41 @@ class host_reducer : public reducer {
   host_reducer(options const& o, Collective& comm, gradcomp::bucket_layout const& layout)
       : layout_(layout), timed_(comm) {
     gradcomp::host_space const one{.threads = 1};  // the ranks are the threads
-    if (o.ranks_per_node > 0) {                    // two levels: nodes of ranks_per_node ranks, rails across them
+    gradcomp::model_reducer_options reducing = o.reducer_options();
+    if (o.ranks_per_node > 0) {  // two levels: nodes of ranks_per_node ranks, rails across them
       nodes_ = std::make_unique<two_levels<Collective>>(comm, o.ranks_per_node);
-      reduce_ = std::make_unique<model_reducer>(shapes(layout), nodes_->groups, o.reducer_options(), one);
-    } else if (o.automatic()) {  // the planner chooses each large bucket's compressor, over the real world
-      auto [chosen, plan] = gradcomp::choose_compressors<G>(comm, shapes(layout), o.reducer_options(), one,
-                                                            {.candidates = gradcomp::auto_candidates(o.compressor),
-                                                             .steps_factor = o.steps_factor,
-                                                             .compute_seconds = o.compute_seconds});
-      if (comm.rank() == 0) std::printf("%s", plan.table().c_str());
-      print_predictions(comm, shapes(layout), chosen, plan, one);
-      reduce_ = std::make_unique<model_reducer>(shapes(layout), timed_, chosen, one);
-    } else {
-      reduce_ = std::make_unique<model_reducer>(shapes(layout), timed_, o.reducer_options(), one);
+      if (o.automatic()) reducing = planned(nodes_->raw, comm.rank(), o, layout);
+      reduce_ = std::make_unique<model_reducer>(shapes(layout), nodes_->groups, reducing, one);
+    } else {  // (the planner chooses each large bucket's compressor over the real world, untimed)
+      if (o.automatic()) reducing = planned(comm, comm.rank(), o, layout);
+      reduce_ = std::make_unique<model_reducer>(shapes(layout), timed_, reducing, one);
     }
     auto const order = backward_order(layout);
     parameter_of_.resize(order.size());
     for (std::size_t p = 0; p < order.size(); ++p) parameter_of_[order[p]] = p;
   }
+  // The options with each large bucket's compressor chosen by the planner
+  // over `world` (flat, or node_groups), its table and predictions printed
+  // by rank 0.
+  template <class World>
+  static gradcomp::model_reducer_options planned(World& world, int rank, options const& o,
+                                                 gradcomp::bucket_layout const& layout) {
+    gradcomp::host_space const one{.threads = 1};
+    auto [chosen, plan] = gradcomp::choose_compressors<G>(world, shapes(layout), o.reducer_options(), one,
+                                                          {.candidates = gradcomp::auto_candidates(o.compressor),
+                                                           .steps_factor = o.steps_factor,
+                                                           .compute_seconds = o.compute_seconds});
+    if (rank == 0) std::printf("%s", plan.table().c_str());
+    print_predictions(world, rank, shapes(layout), chosen, plan, one);
+    return chosen;
+  }
+
   // One line per candidate (and the plan's choice), "prediction: spec=S
   // ms=T": the predicted reductions of a whole step, the small buckets (the
   // `small` compressor whatever the choice, planned here too) included; what
   // bench/e2e/validate.sh compares with measured steps.
-  static void print_predictions(Collective& comm, std::vector<std::vector<std::size_t>> const& model,
+  template <class World>
+  static void print_predictions(World& world, int rank, std::vector<std::vector<std::size_t>> const& model,
                                 gradcomp::model_reducer_options const& options, gradcomp::compression_plan const& plan,
                                 gradcomp::host_space const& space) {
     gradcomp::bucket_plan const buckets = gradcomp::plan_buckets(model, sizeof(G), options);
@@ -204,10 +216,11 @@ class host_reducer : public reducer {
       small.emplace_back();
       for (std::size_t p : b.params) small.back().add(model[p]);
     }
-    double const rest =
-        small.empty() ? 0.0
-                      : gradcomp::plan_compression<G>(comm, small, space, {.candidates = {options.small}}).predicted();
-    if (comm.rank() != 0 || plan.buckets.empty()) return;
+    gradcomp::planner_options planner;
+    planner.candidates = {options.small};
+    planner.bf16_within_node = options.bf16_within_node;
+    double const rest = small.empty() ? 0.0 : gradcomp::plan_compression<G>(world, small, space, planner).predicted();
+    if (rank != 0 || plan.buckets.empty()) return;
     for (auto const& row : plan.buckets.front().rows)
       if (double const t = plan.predicted(row.spec); t >= 0)
         std::printf("prediction: spec=%s ms=%.3f\n", row.spec.c_str(), (t + rest) * 1e3);
@@ -294,17 +307,17 @@ class sharded_reducer : public reducer {
       return tensors[b.tensors.front()].shape.size() > 1 && b.layout.size() >= o.min_compression;
     };
     std::vector<gradcomp::compressor_spec> chosen;  // the planner's, one per large bucket (auto)
-    if (o.automatic()) {                            // planned as reduce-scatters, over the real world
+    if (o.automatic()) {                            // planned as reduce-scatters over the real world (or its levels)
       std::vector<gradcomp::bucket_layout> layouts;
       for (bucket const& b : buckets_)
         if (large(b)) layouts.push_back(b.layout);
-      if (nodes_) throw std::invalid_argument("sharded_reducer: the planner plans flat reduce-scatters only");
+      gradcomp::planner_options planner{.candidates = gradcomp::auto_candidates(o.compressor),
+                                        .steps_factor = o.steps_factor,
+                                        .compute_seconds = o.compute_seconds};
+      planner.bf16_within_node = o.bf16_within_node;
       if (!layouts.empty()) {
-        auto const planned =
-            gradcomp::plan_sharded_compression<G>(comm, layouts, one,
-                                                  {.candidates = gradcomp::auto_candidates(o.compressor),
-                                                   .steps_factor = o.steps_factor,
-                                                   .compute_seconds = o.compute_seconds});
+        auto const planned = nodes_ ? gradcomp::plan_sharded_compression<G>(nodes_->raw, layouts, one, planner)
+                                    : gradcomp::plan_sharded_compression<G>(comm, layouts, one, planner);
         if (comm.rank() == 0) std::printf("%s", planned.table().c_str());
         for (std::size_t b = 0; b < layouts.size(); ++b) chosen.push_back(planned.chosen(b));
       }
