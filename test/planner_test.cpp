@@ -235,7 +235,7 @@ TEST_CASE("two levels: each level's calls priced on its own network, measured th
         }
         for (auto const& call : row.node_calls) priced += plan.node_network.seconds(call);
         CHECK(across_bytes == static_cast<double>(row.wire_bytes));  // (wire bytes: those across nodes)
-        CHECK(row.communication == priced);
+        CHECK(row.communication >= priced);  // (this rank's calls; the row counts the slowest rank's)
         CHECK(row.communication > latency);  // (every step crosses the slow link)
       }
     }

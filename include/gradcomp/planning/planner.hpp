@@ -85,16 +85,18 @@ struct planner_options {
 
 /// One candidate on one bucket.
 struct plan_row {
-  std::string spec;          ///< The spec string (compressor_spec::str()).
-  std::string description;   ///< The compressor and its lane, as any_allreducer says.
-  bool allowed = true;       ///< Among the candidates (false: bf16, measured for comparison only).
-  std::string refused;       ///< Why it cannot run here (empty: it can).
-  double local = 0;          ///< Seconds of local work.
-  double communication = 0;  ///< Predicted seconds of its calls.
-  double factor = 1;         ///< Steps to target relative to bf16.
-  std::size_t wire_bytes = 0;
-  std::vector<collective_call> calls;       ///< One step's, as recorded (two levels: across nodes).
-  std::vector<collective_call> node_calls;  ///< Two levels: those inside the node.
+  std::string spec;            ///< The spec string (compressor_spec::str()).
+  std::string description;     ///< The compressor and its lane, as any_allreducer says.
+  bool allowed = true;         ///< Among the candidates (false: bf16, measured for comparison only).
+  std::string refused;         ///< Why it cannot run here (empty: it can).
+  double local = 0;            ///< Seconds of local work.
+  double communication = 0;    ///< Predicted seconds of its calls (the slowest rank's).
+  double factor = 1;           ///< Steps to target relative to bf16.
+  std::size_t wire_bytes = 0;  ///< The most any rank sends (two levels: across nodes).
+  /// This rank's calls of one step, as recorded (two levels: those across
+  /// nodes; a rank's calls follow its shard, so they may differ by rank).
+  std::vector<collective_call> calls;
+  std::vector<collective_call> node_calls;  ///< Two levels: this rank's calls inside the node.
   /// Predicted seconds per step.
   double total() const { return local + communication; }
 };
@@ -358,13 +360,15 @@ void agree_links(World& world, Space const& space, seen_links& seen) {
 /// and inside them (each measured on all nodes or rails at once, as a step
 /// runs them, and agreed over the world).
 template <class Collective, class Space>
-void measure_world(compression_plan& plan, Collective& c, Space const& space, seen_links const& seen, seen_links const&,
+void measure_world(compression_plan& plan, Collective& c, Space const& space, seen_links seen, seen_links const&,
                    network_options const& o) {
+  agree_links(c, space, seen);
   plan.network = measure_network(c, space, {seen.begin(), seen.end()}, o);
 }
 template <class Collective, class Space>
-void measure_world(compression_plan& plan, node_groups<Collective>& g, Space const& space, seen_links const& seen,
-                   seen_links const& node_seen, network_options const& o) {
+void measure_world(compression_plan& plan, node_groups<Collective>& g, Space const& space, seen_links seen,
+                   seen_links node_seen, network_options const& o) {
+  agree_links(g, space, seen), agree_links(g, space, node_seen);
   plan.node_network = measure_network(g.local, space, {node_seen.begin(), node_seen.end()}, o, g.cross);
   plan.network = measure_network(g.cross, space, {seen.begin(), seen.end()}, o, g.local);
 }
@@ -414,12 +418,12 @@ compression_plan plan(World& world, std::vector<bucket_layout> const& layouts, S
   space.from_host(agreed.data(), local.data(), local.size() * sizeof(double));
   agree_max(world, agreed);
   space.to_host(local.data(), agreed.data(), local.size() * sizeof(double));
-  // Two levels: a rank's calls follow its shard of the bucket, so ranks may
-  // see different links and price different calls. Every rank measures
-  // what any rank saw, and each row counts its slowest rank's calls.
-  agree_links(world, space, seen), agree_links(world, space, node_seen);
+  // A rank's calls follow its shard of the bucket (two levels, sharded), so
+  // ranks may see different links, price different calls, even fail alone:
+  // every rank measures what any rank saw (measure_world), and each row
+  // counts its slowest rank's calls and any rank's refusal.
   measure_world(result, world, space, seen, node_seen, options.network);
-  std::vector<double> priced;  // each row's communication, then its wire bytes
+  std::vector<double> priced;  // each row's communication, wire bytes and refusal
   for (auto& c : result.buckets)
     for (auto& row : c.rows) {
       double seconds = 0;
@@ -428,6 +432,7 @@ compression_plan plan(World& world, std::vector<bucket_layout> const& layouts, S
         for (auto const& call : row.node_calls) seconds += result.node_network.seconds(call);
       }
       priced.push_back(seconds), priced.push_back(static_cast<double>(row.wire_bytes));
+      priced.push_back(row.refused.empty() ? 0.0 : 1.0);
     }
   buffer<double, Space> slowest(priced.size(), space);
   space.from_host(slowest.data(), priced.data(), priced.size() * sizeof(double));
@@ -440,8 +445,9 @@ compression_plan plan(World& world, std::vector<bucket_layout> const& layouts, S
     c.compute = elements > 0 ? options.compute_seconds * static_cast<double>(c.elements) / elements : 0.0;
     for (auto& row : c.rows) {
       row.local = local[k];
-      row.communication = priced[2 * k];
-      row.wire_bytes = static_cast<std::size_t>(priced[2 * k + 1]);
+      row.communication = priced[3 * k];
+      row.wire_bytes = static_cast<std::size_t>(priced[3 * k + 1]);
+      if (priced[3 * k + 2] != 0 && row.refused.empty()) row.refused = "another rank cannot run it here";
       ++k;
     }
     c.choose(options.min_gain);
@@ -456,7 +462,8 @@ compression_plan plan(World& world, std::vector<bucket_layout> const& layouts, S
 /// candidates (bucket_choice::choose: the fastest predicted step, times its
 /// steps factor, bf16 unless another saves planner_options::min_gain).
 /// Collective: every rank calls it with the same layouts and options, and
-/// every rank gets bitwise the same plan.
+/// every rank gets bitwise the same plan (its numbers, choices and table;
+/// each row's recorded calls are the rank's own).
 /// @note Waits for the space, and takes about a second per (candidate,
 /// bucket) pair at most.
 template <gradient_element Gradient = float, class Collective, class Space>
@@ -519,8 +526,8 @@ inline std::vector<compressor_spec> auto_candidates(std::string_view text) {
 /// it names one, with an empty plan; the planner's choice among its
 /// candidates for `layout` where it is "auto" or "auto:of=..." (`planner`'s
 /// candidates are then those). Collective over `world` (a collective, or
-/// node_groups for two levels) where automatic, as plan_compression: every
-/// rank gets the same spec.
+/// node_groups for two levels, `planner.bf16_within_node` as the reducer's)
+/// where automatic, as plan_compression: every rank gets the same spec.
 template <gradient_element Gradient = float, class World, class Space>
 std::pair<compressor_spec, compression_plan> choose_compressor(World& world, std::string_view text,
                                                                bucket_layout const& layout, Space const& space,

@@ -37,7 +37,8 @@ class agreement {
   agreement(Collective& world, Space const& space, std::uint64_t a, std::uint64_t b, std::string const& failure)
       : all_(static_cast<std::size_t>(world.size())), self_(world.rank()) {
     buffer<std::uint8_t, Space> exchange((all_.size() + 1) * sizeof(statement), space);
-    put(space, exchange.data(), a, b, failure);
+    statement const mine = make(a, b, failure);
+    space.from_host(exchange.data(), &mine, sizeof mine);
     world.all_gather(exchange.data(), exchange.data() + sizeof(statement), sizeof(statement));
     space.to_host(all_.data(), exchange.data() + sizeof(statement), all_.size() * sizeof(statement));
   }
@@ -47,7 +48,8 @@ class agreement {
   /// result is local rank r % L of the node that is r / L-th on the rail of
   /// local ranks 0: nodes of consecutive ranks (split_nodes with
   /// ranks_per_node) keep their world ranks, and every rank sees one order
-  /// even where rails order the nodes differently (nodes detected).
+  /// even where rails order the nodes differently (nodes detected). Over
+  /// dry runs (dry_run), every slot holds this rank's own statement.
   template <class Collective, class Space>
   agreement(Collective& local, Collective& cross, Space const& space, std::uint64_t a, std::uint64_t b,
             std::string const& failure)
@@ -56,24 +58,21 @@ class agreement {
     std::size_t const node = per_node * sizeof(statement);
     buffer<std::uint8_t, Space> exchange(sizeof(statement) + node + all_.size() * sizeof(statement), space);
     std::uint8_t* const nodes = exchange.data() + sizeof(statement) + node;
-    put(space, exchange.data(), a, b, failure, static_cast<std::uint32_t>(cross.rank()));
+    statement const mine = make(a, b, failure, static_cast<std::uint32_t>(cross.rank()));
+    space.from_host(exchange.data(), &mine, sizeof mine);
     local.all_gather(exchange.data(), exchange.data() + sizeof(statement), sizeof(statement));
     cross.all_gather(exchange.data() + sizeof(statement), nodes, node);
     std::vector<statement> by_rail(all_.size());
     space.to_host(by_rail.data(), nodes, by_rail.size() * sizeof(statement));
-    // Node n of this rail is node `first` of rail 0. Where the nodes do not
-    // name distinct places, the rail's own order stands: a dry run (which
-    // gathers this rank's statement into every slot) agrees with itself.
+    // Node n of this rail is node `first` of rail 0. A dry run gathers this
+    // rank's own statement into every slot, so every node names this one:
+    // there the rail's own order stands, and the rank agrees with itself.
     std::size_t const count = by_rail.size() / per_node;
-    std::vector<bool> named(count, false);
-    bool distinct = true;
-    for (std::size_t n = 0; n < count && distinct; ++n) {
-      std::size_t const place = by_rail[n * per_node].node;
-      distinct = place < count && !named[place];
-      if (distinct) named[place] = true;
-    }
+    bool const dry = std::all_of(by_rail.begin(), by_rail.end(),
+                                 [&](statement const& s) { return std::memcmp(&s, &mine, sizeof mine) == 0; });
     for (std::size_t n = 0; n < count; ++n) {
-      std::size_t const first = distinct ? by_rail[n * per_node].node : n;
+      std::size_t const first = dry ? n : by_rail[n * per_node].node;
+      if (first >= count) continue;  // (not a node: its slots stay empty, and the ranks disagree)
       std::copy_n(by_rail.begin() + static_cast<std::ptrdiff_t>(n * per_node), per_node,
                   all_.begin() + static_cast<std::ptrdiff_t>(first * per_node));
       if (n == static_cast<std::size_t>(cross.rank())) self_ = static_cast<int>(first * per_node) + local.rank();
@@ -100,16 +99,14 @@ class agreement {
   std::string why(int r) const { return of(r).why; }
 
  private:
-  template <class Space>
-  static void put(Space const& space, std::uint8_t* to, std::uint64_t a, std::uint64_t b, std::string const& failure,
-                  std::uint32_t node = 0) {
+  static statement make(std::uint64_t a, std::uint64_t b, std::string const& failure, std::uint32_t node = 0) {
     statement mine{};
     mine.a = a;
     mine.b = b;
     mine.failed = failure.empty() ? 0 : 1;
     mine.node = node;
     std::memcpy(mine.why, failure.data(), std::min(failure.size(), sizeof mine.why - 1));
-    space.from_host(to, &mine, sizeof mine);
+    return mine;
   }
   int first_other(std::uint64_t statement::*field) const {
     for (std::size_t r = 1; r < all_.size(); ++r)
