@@ -9,8 +9,9 @@
 #
 # Rows: flat and hierarchical (--ranks-per-node 2), for bf16 and each
 # compressor of --only (names from common.sh); COMPRESSOR~hier is the
-# hierarchical run, and its speedup is over bf16~hier. Classic TopK does not
-# shard, and runs flat only. Medians and ranges over --repeat runs; run K
+# hierarchical run, and its speedup is over bf16~hier (auto~hier: the
+# planner's choice for two levels). Classic TopK does not shard, and runs
+# flat only. Medians and ranges over --repeat runs; run K
 # trains with --seed K, so the ranges cover the training's own variation.
 #
 #   sudo bench/e2e/two_nodes.sh [--out DIR] [--rates "1gbit 10gbit"] [--target 0.85] [--repeat 3]
@@ -56,7 +57,7 @@ for rate in $rates; do
     flags=${entry#*|}
     selected "$name" "$only" || continue
     for level in flat hier; do
-      [ "$level" = hier ] && [[ $name == topk-* || $name == auto ]] && continue  # (neither runs in two levels)
+      [ "$level" = hier ] && [[ $name == topk-* ]] && continue  # (classic TopK does not shard)
       label=$name
       level_flags=()
       [ "$level" = hier ] && label="$name~hier" && level_flags=(--ranks-per-node 2)
