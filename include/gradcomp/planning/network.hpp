@@ -134,7 +134,9 @@ void with_type(dtype t, F&& f) {
   }
 }
 
-/// One call of `op` on `count` elements of T in `room`, waited for.
+/// One call of `op` on `count` elements of T in `room`, waited for (what a
+/// call receives lands past what it sends: a reduce-scatter's peers may
+/// still read this rank's send).
 template <class T, class Collective, class Space>
 double timed_call(Collective& c, Space const& space, collective_op op, T* room, std::size_t count) {
   auto const start = std::chrono::steady_clock::now();
@@ -150,7 +152,7 @@ double timed_call(Collective& c, Space const& space, collective_op op, T* room, 
       break;
     case collective_op::reduce_scatter:
       if constexpr (reduce_scattering<Collective>)
-        c.reduce_scatter(room, room, count / static_cast<std::size_t>(c.size()), reduce_op::sum);
+        c.reduce_scatter(room, room + count, count / static_cast<std::size_t>(c.size()), reduce_op::sum);
       else
         throw invalid_argument("measure_network: this collective cannot reduce-scatter");
       break;
