@@ -338,6 +338,14 @@ template <class Collective, class Space>
 void agree_max(node_groups<Collective>& g, buffer<double, Space>& values) {
   agree_max(g.local, values), agree_max(g.cross, values);
 }
+/// The same for host values (through the space, where the collective moves data).
+template <class World, class Space>
+void agree_max(World& world, Space const& space, std::vector<double>& values) {
+  buffer<double, Space> moved(values.size(), space);
+  space.from_host(moved.data(), values.data(), values.size() * sizeof(double));
+  agree_max(world, moved);
+  space.to_host(values.data(), moved.data(), values.size() * sizeof(double));
+}
 
 /// Operations and types a plan's calls use.
 using seen_links = std::set<std::pair<collective_op, dtype>>;
@@ -348,10 +356,7 @@ void agree_links(World& world, Space const& space, seen_links& seen) {
   constexpr std::size_t types = 16;  // (room for every dtype)
   std::vector<double> flags(4 * types, 0.0);
   for (auto const& [op, type] : seen) flags[static_cast<std::size_t>(op) * types + static_cast<std::size_t>(type)] = 1;
-  buffer<double, Space> any(flags.size(), space);
-  space.from_host(any.data(), flags.data(), flags.size() * sizeof(double));
-  agree_max(world, any);
-  space.to_host(flags.data(), any.data(), flags.size() * sizeof(double));
+  agree_max(world, space, flags);
   for (std::size_t i = 0; i < flags.size(); ++i)
     if (flags[i] != 0) seen.insert({static_cast<collective_op>(i / types), static_cast<dtype>(i % types)});
 }
@@ -393,7 +398,6 @@ compression_plan plan(World& world, std::vector<bucket_layout> const& layouts, S
   compression_plan result;
   result.sharded = Sharded;
   seen_links seen, node_seen;
-  std::vector<double> local;  // to agree on: the slowest rank's
   auto dry = dry_world(world, space);
   for (auto const& layout : layouts) {
     bucket_choice c;
@@ -406,24 +410,17 @@ compression_plan plan(World& world, std::vector<bucket_layout> const& layouts, S
       row.factor = factor == options.steps_factor.end() ? 1.0 : factor->second;
       for (auto const& call : row.calls) seen.insert({call.op, call.type});
       for (auto const& call : row.node_calls) node_seen.insert({call.op, call.type});
-      local.push_back(row.refused.empty() ? row.local : 0.0);
       if (is_baseline(specs[i])) c.baseline = c.rows.size();
       c.rows.push_back(std::move(row));
     }
     result.buckets.push_back(std::move(c));
   }
-  // The slowest rank's local times, on every rank (the links and refusals
-  // follow from the layouts and the group's size: the same everywhere).
-  buffer<double, Space> agreed(local.size(), space);
-  space.from_host(agreed.data(), local.data(), local.size() * sizeof(double));
-  agree_max(world, agreed);
-  space.to_host(local.data(), agreed.data(), local.size() * sizeof(double));
   // A rank's calls follow its shard of the bucket (two levels, sharded), so
   // ranks may see different links, price different calls, even fail alone:
   // every rank measures what any rank saw (measure_world), and each row
-  // counts its slowest rank's calls and any rank's refusal.
+  // counts its slowest rank's local work and calls, and any rank's refusal.
   measure_world(result, world, space, seen, node_seen, options.network);
-  std::vector<double> priced;  // each row's communication, wire bytes and refusal
+  std::vector<double> priced;  // each row's local work, communication, wire bytes and refusal
   for (auto& c : result.buckets)
     for (auto& row : c.rows) {
       double seconds = 0;
@@ -431,24 +428,21 @@ compression_plan plan(World& world, std::vector<bucket_layout> const& layouts, S
         for (auto const& call : row.calls) seconds += result.network.seconds(call);
         for (auto const& call : row.node_calls) seconds += result.node_network.seconds(call);
       }
-      priced.push_back(seconds), priced.push_back(static_cast<double>(row.wire_bytes));
-      priced.push_back(row.refused.empty() ? 0.0 : 1.0);
+      priced.insert(priced.end(), {row.refused.empty() ? row.local : 0.0, seconds, static_cast<double>(row.wire_bytes),
+                                   row.refused.empty() ? 0.0 : 1.0});
     }
-  buffer<double, Space> slowest(priced.size(), space);
-  space.from_host(slowest.data(), priced.data(), priced.size() * sizeof(double));
-  agree_max(world, slowest);
-  space.to_host(priced.data(), slowest.data(), priced.size() * sizeof(double));
+  agree_max(world, space, priced);
   double elements = 0;
   for (auto const& c : result.buckets) elements += static_cast<double>(c.elements);
   std::size_t k = 0;
   for (auto& c : result.buckets) {
     c.compute = elements > 0 ? options.compute_seconds * static_cast<double>(c.elements) / elements : 0.0;
     for (auto& row : c.rows) {
-      row.local = local[k];
-      row.communication = priced[3 * k];
-      row.wire_bytes = static_cast<std::size_t>(priced[3 * k + 1]);
-      if (priced[3 * k + 2] != 0 && row.refused.empty()) row.refused = "another rank cannot run it here";
-      ++k;
+      double const* const agreed = &priced[4 * k++];
+      row.local = agreed[0];
+      row.communication = agreed[1];
+      row.wire_bytes = static_cast<std::size_t>(agreed[2]);
+      if (agreed[3] != 0 && row.refused.empty()) row.refused = "another rank cannot run it here";
     }
     c.choose(options.min_gain);
   }
