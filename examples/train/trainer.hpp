@@ -81,6 +81,15 @@ struct options {
   gradcomp::compressor_spec spec() const { return gradcomp::compressor_spec::parse(compressor); }
   /// Whether the planner chooses each bucket's compressor ("auto", "auto:of=...").
   bool automatic() const { return gradcomp::is_auto_spec(compressor); }
+  /// What the planner weighs, for an automatic spec.
+  gradcomp::planner_options planner() const {
+    gradcomp::planner_options p;
+    p.candidates = gradcomp::auto_candidates(compressor);
+    p.steps_factor = steps_factor;
+    p.compute_seconds = compute_seconds;
+    p.bf16_within_node = bf16_within_node;
+    return p;
+  }
 };
 
 /// One evaluation, as rank 0 saw it.
@@ -192,10 +201,7 @@ class host_reducer : public reducer {
   static gradcomp::model_reducer_options planned(World& world, int rank, options const& o,
                                                  gradcomp::bucket_layout const& layout) {
     gradcomp::host_space const one{.threads = 1};
-    auto [chosen, plan] = gradcomp::choose_compressors<G>(world, shapes(layout), o.reducer_options(), one,
-                                                          {.candidates = gradcomp::auto_candidates(o.compressor),
-                                                           .steps_factor = o.steps_factor,
-                                                           .compute_seconds = o.compute_seconds});
+    auto [chosen, plan] = gradcomp::choose_compressors<G>(world, shapes(layout), o.reducer_options(), one, o.planner());
     if (rank == 0) std::printf("%s", plan.table().c_str());
     print_predictions(world, rank, shapes(layout), chosen, plan, one);
     return chosen;
@@ -311,10 +317,7 @@ class sharded_reducer : public reducer {
       std::vector<gradcomp::bucket_layout> layouts;
       for (bucket const& b : buckets_)
         if (large(b)) layouts.push_back(b.layout);
-      gradcomp::planner_options planner{.candidates = gradcomp::auto_candidates(o.compressor),
-                                        .steps_factor = o.steps_factor,
-                                        .compute_seconds = o.compute_seconds};
-      planner.bf16_within_node = o.bf16_within_node;
+      gradcomp::planner_options const planner = o.planner();
       if (!layouts.empty()) {
         auto const planned = nodes_ ? gradcomp::plan_sharded_compression<G>(nodes_->raw, layouts, one, planner)
                                     : gradcomp::plan_sharded_compression<G>(comm, layouts, one, planner);
