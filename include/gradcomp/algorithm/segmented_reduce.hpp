@@ -33,6 +33,7 @@
 #include <gradcomp/algorithm/transform.hpp>
 #include <gradcomp/detail/checked.hpp>
 #include <gradcomp/execution.hpp>
+#include <gradcomp/execution/tuning.hpp>
 #include <gradcomp/execution/workspace.hpp>
 
 #include <cmath>
@@ -63,9 +64,9 @@ struct reduce_options {
 
 namespace detail {
 
-/// Values per tile of the canonical order, and its lanes.
-inline constexpr std::size_t reduce_tile = 4096;
-inline constexpr int reduce_lanes = 128;
+/// Values per tile of the canonical order, and its lanes (tuning::segmented_reduce_policy).
+inline constexpr std::size_t reduce_tile = tuning::segmented_reduce_policy::tile;
+inline constexpr int reduce_lanes = tuning::segmented_reduce_policy::lanes;
 
 /// Tiles of one segment.
 GRADCOMP_HOST_DEVICE constexpr std::size_t tiles_per_segment(std::size_t segment) {

@@ -167,7 +167,7 @@ struct cuda_top_k<cuda_kernels_tag, Key, Emit> {
     auto const s = carve_device_select(carver, n);
     cudaStream_t const stream = space.stream;
     std::size_t const tiles = (n + select_tile - 1) / select_tile;
-    unsigned const grid = static_cast<unsigned>(std::min<std::size_t>(tiles, tuning::select_max_blocks));
+    unsigned const grid = static_cast<unsigned>(std::min<std::size_t>(tiles, tuning::top_k_policy::max_blocks));
     select_init_kernel<><<<1, select_threads, 0, stream>>>(s.histogram.data(), s.state.data(), count);
     select_histogram_kernel<11, 21><<<grid, select_threads, 0, stream>>>(n, key, s.state.data(), s.histogram.data());
     select_pick_kernel<11><<<1, select_threads, 0, stream>>>(s.state.data(), s.histogram.data());

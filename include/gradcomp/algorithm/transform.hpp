@@ -27,6 +27,7 @@
 #include <gradcomp/detail/convert.hpp>
 #include <gradcomp/detail/streaming_store.hpp>
 #include <gradcomp/execution.hpp>
+#include <gradcomp/execution/tuning.hpp>
 
 #include <bit>
 #include <cstddef>
@@ -46,8 +47,8 @@ struct transform_options {
 
 namespace detail {
 
-/// Elements per host chunk: a multiple of 8 (whole Philox calls of noise).
-inline constexpr std::size_t host_chunk = 2048;
+/// Elements per host chunk (tuning::transform_policy).
+inline constexpr std::size_t host_chunk = tuning::transform_policy::host_chunk;
 
 template <class T>
 struct zero_cursor {
