@@ -33,7 +33,6 @@
 
 // The pipeline
 #include <gradcomp/pipeline/aggregator.hpp>
-#include <gradcomp/pipeline/checkpoint.hpp>
 #include <gradcomp/pipeline/compressor.hpp>
 #include <gradcomp/pipeline/error_feedback.hpp>
 #include <gradcomp/pipeline/nonfinite.hpp>

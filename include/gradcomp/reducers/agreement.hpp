@@ -9,7 +9,7 @@
 
 #include <gradcomp/error.hpp>
 #include <gradcomp/execution.hpp>
-#include <gradcomp/pipeline/checkpoint.hpp>
+#include <gradcomp/reducers/detail/checkpoint.hpp>
 
 #include <algorithm>
 #include <cstdint>

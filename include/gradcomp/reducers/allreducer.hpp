@@ -49,7 +49,8 @@ class allreducer : public bucket_engine<Compressor, ErrorFeedback, Collective, A
   /// @note Waits for the space: construction exchanges the configuration.
   allreducer(Compressor compressor, Collective& collective, bucket_layout layout, Space space,
              allreducer_options options = {})
-      : engine(std::move(compressor), collective, std::move(layout), space, options, step_output::whole_bucket) {}
+      : engine(std::move(compressor), collective, std::move(layout), space, options, step_output::whole_bucket,
+               "allreducer") {}
 
   /// Reduces `gradient` (layout().size() values) in place: on return (on
   /// the CUDA space, once the stream reaches this point) it holds the

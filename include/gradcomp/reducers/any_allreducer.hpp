@@ -26,14 +26,16 @@ namespace gradcomp::inline GRADCOMP_ABI {
 ///
 /// Besides operator() it has the members every erased reducer has
 /// (detail::any_reducer): synchronize(), the checkpoints (save(),
-/// parse_checkpoint(), restore()), spec(), description() (the compressor
-/// and its lane, e.g. "thc<uint8>"), wire_bytes(), steps(), warming_up(),
-/// layout() and fingerprint().
+/// parse_checkpoint(), restore()), begin_at(), spec(), description() (the
+/// compressor and its lane, e.g. "thc<uint8>"), wire_bytes(), steps(),
+/// warming_up(), layout() and fingerprint().
 template <class Collective, class Space = default_space_t<Collective>, gradient_element Gradient = float>
-class any_allreducer : public detail::any_reducer<typename Space::memory, Gradient> {
-  using base = detail::any_reducer<typename Space::memory, Gradient>;
+class any_allreducer : public detail::any_reducer<typename Space::memory, Gradient,
+                                                  detail::erased_allreduce<typename Space::memory, Gradient>> {
+  using interface = detail::erased_allreduce<typename Space::memory, Gradient>;
+  using base = detail::any_reducer<typename Space::memory, Gradient, interface>;
   template <class Reducer>
-  using erased = detail::erased<Reducer, typename Space::memory, Gradient>;
+  using erased = detail::erased_allreducer<Reducer, typename Space::memory, Gradient>;
 
  public:
   using memory = typename Space::memory;
@@ -51,7 +53,7 @@ class any_allreducer : public detail::any_reducer<typename Space::memory, Gradie
     expect_none_failed(agreement(collective, space, 0, 0, failure), failure, "any_allreducer", "this compressor_spec");
     this->build(collective.size(), [&](auto c, auto ef) {
       using reducer = allreducer<decltype(c), decltype(ef), Collective, default_aggregator_t<decltype(c)>, Space>;
-      return std::make_unique<erased<reducer>>(collective.rank(), c, collective, std::move(layout), space, options);
+      return std::make_unique<erased<reducer>>(c, collective, std::move(layout), space, options);
     });
   }
 
@@ -69,11 +71,11 @@ class any_allreducer : public detail::any_reducer<typename Space::memory, Gradie
     });
     expect_none_failed(agreement(groups.local, groups.cross, space, 0, 0, failure), failure, "any_allreducer",
                        "this compressor_spec");
-    this->build(groups.nodes(), [&](auto c, auto ef) -> std::unique_ptr<detail::erased_reducer<memory, Gradient>> {
+    this->build(groups.nodes(), [&](auto c, auto ef) -> std::unique_ptr<interface> {
       using C = decltype(c);
       if constexpr (detail::shards_in_two_levels<C>) {
         using reducer = hierarchical_allreducer<C, decltype(ef), Collective, Space, Gradient>;
-        return std::make_unique<erased<reducer>>(0, c, groups, std::move(layout), space, options);
+        return std::make_unique<erased<reducer>>(c, groups, std::move(layout), space, options);
       } else {
         return nullptr;  // (refused above)
       }

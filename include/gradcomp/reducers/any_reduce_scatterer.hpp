@@ -39,10 +39,13 @@ inline constexpr auto refuse_unshardable = [](auto c) {
 /// a .cu file that includes <gradcomp/cuda.cuh>. Besides its step and shards
 /// it has the members every erased reducer has, as any_allreducer.
 template <class Collective, class Space = default_space_t<Collective>, gradient_element Gradient = float>
-class any_reduce_scatterer : public detail::any_reducer<typename Space::memory, Gradient> {
-  using base = detail::any_reducer<typename Space::memory, Gradient>;
+class any_reduce_scatterer
+    : public detail::any_reducer<typename Space::memory, Gradient,
+                                 detail::erased_reduce_scatter<typename Space::memory, Gradient>> {
+  using interface = detail::erased_reduce_scatter<typename Space::memory, Gradient>;
+  using base = detail::any_reducer<typename Space::memory, Gradient, interface>;
   template <class Reducer>
-  using erased = detail::erased<Reducer, typename Space::memory, Gradient>;
+  using erased = detail::erased_scatterer<Reducer, typename Space::memory, Gradient>;
 
  public:
   using memory = typename Space::memory;
@@ -59,7 +62,7 @@ class any_reduce_scatterer : public detail::any_reducer<typename Space::memory, 
     std::string const failure = detail::spec_failure(spec, collective.size(), detail::refuse_unshardable);
     expect_none_failed(agreement(collective, space, 0, 0, failure), failure, "any_reduce_scatterer",
                        "this compressor_spec");
-    this->build(collective.size(), [&](auto c, auto ef) -> std::unique_ptr<detail::erased_reducer<memory, Gradient>> {
+    this->build(collective.size(), [&](auto c, auto ef) -> std::unique_ptr<interface> {
       if constexpr (detail::shards_by_elements<decltype(c)>) {
         using scatterer = reduce_scatterer<decltype(c), decltype(ef), Collective, Space, Gradient>;
         return std::make_unique<erased<scatterer>>(collective.rank(), c, collective, std::move(layout), space, options);
@@ -80,7 +83,7 @@ class any_reduce_scatterer : public detail::any_reducer<typename Space::memory, 
     expect_none_failed(agreement(groups.local, groups.cross, space, 0, 0, failure), failure, "any_reduce_scatterer",
                        "this compressor_spec");
     int const own = groups.cross.rank() * groups.ranks_per_node() + groups.local.rank();
-    this->build(groups.nodes(), [&](auto c, auto ef) -> std::unique_ptr<detail::erased_reducer<memory, Gradient>> {
+    this->build(groups.nodes(), [&](auto c, auto ef) -> std::unique_ptr<interface> {
       if constexpr (detail::shards_by_elements<decltype(c)>) {
         using scatterer = hierarchical_reduce_scatterer<decltype(c), decltype(ef), Collective, Space, Gradient>;
         return std::make_unique<erased<scatterer>>(own, c, groups, std::move(layout), space, options);

@@ -8,13 +8,13 @@
 #include <gradcomp/detail/hash.hpp>
 #include <gradcomp/execution.hpp>
 #include <gradcomp/pipeline/aggregator.hpp>
-#include <gradcomp/pipeline/checkpoint.hpp>
 #include <gradcomp/pipeline/compressor.hpp>
 #include <gradcomp/pipeline/error_feedback.hpp>
 #include <gradcomp/pipeline/nonfinite.hpp>
 #include <gradcomp/pipeline/step_context.hpp>
-#include <gradcomp/pipeline/verdict.hpp>
 #include <gradcomp/reducers/agreement.hpp>
+#include <gradcomp/reducers/detail/checkpoint.hpp>
+#include <gradcomp/reducers/detail/verdict.hpp>
 #include <gradcomp/reducers/detail/warmup.hpp>
 #include <gradcomp/reducers/options.hpp>
 
@@ -60,11 +60,13 @@ class bucket_engine {
   using memory = typename Space::memory;  ///< Where gradients live.
 
   /// Sets up the bucket described by `layout` for this rank of `collective`,
-  /// running in `space`, each step delivering `output` of the mean.
+  /// running in `space`, each step delivering `output` of the mean; `who`
+  /// names the reducer in its errors ("allreducer", "reduce_scatterer", ...).
   /// @note Waits for the space: construction exchanges the configuration.
   bucket_engine(Compressor compressor, Collective& collective, bucket_layout layout, Space space,
-                allreducer_options options, step_output output)
-      : compressor_(std::move(compressor)),
+                allreducer_options options, step_output output, char const* who)
+      : who_(who),
+        compressor_(std::move(compressor)),
         collective_(&collective),
         layout_(std::move(layout)),
         space_(space),
@@ -75,15 +77,16 @@ class bucket_engine {
         channel_(space_),
         warmup_(options.warmup_steps) {
     GRADCOMP_EXPECTS(collective.accepts(memory_kind_of<memory>),
-                     std::string("allreducer: this collective does not accept ") + memory::name +
+                     std::string(who_) + ": this collective does not accept " + memory::name +
                          " memory (an MPI communicator must be declared CUDA-aware for device buffers)");
     if constexpr (requires {
                     collective.stream();
                     space.stream;
                   })
       GRADCOMP_EXPECTS(collective.stream() == space.stream,
-                       "allreducer: the execution space's CUDA stream differs from the collective's; kernels and "
-                       "collectives must be ordered on one stream");
+                       std::string(who_) +
+                           ": the execution space's CUDA stream differs from the collective's; kernels and "
+                           "collectives must be ordered on one stream");
     std::string failure;
     try {
       int const n = collective.size();
@@ -93,7 +96,7 @@ class bucket_engine {
       compressor_.template carve<Aggregator>(measure, layout_, n);
       state_bytes_ = detail::state_bytes_of(compressor_, layout_, n);
       GRADCOMP_EXPECTS(state_bytes_ <= measure.bytes(),
-                       "allreducer: the compressor's state_bytes exceed its workspace");
+                       std::string(who_) + ": the compressor's state_bytes exceed its workspace");
       std::size_t const bytes = warmup_.workspace_bytes(layout_, n, measure.bytes(), state_bytes_);
       ef_.emplace(space_, layout_.size());
       workspace_ = buffer<std::byte, Space>(bytes, space_);
@@ -116,7 +119,7 @@ class bucket_engine {
     [[maybe_unused]] auto const guard = channel_.bind_device();
     settle();
     if (gradient.size() != layout_.size())
-      refuse("allreducer: the gradient has " + std::to_string(gradient.size()) +
+      refuse(std::string(who_) + ": the gradient has " + std::to_string(gradient.size()) +
              " elements but the bucket was set up for " + std::to_string(layout_.size()) +
              " (every rank skips this step)");
     if (gradient.empty())
@@ -148,6 +151,18 @@ class bucket_engine {
       if (words[0] != 0) fail(words[0], words[1], words[2]);
     }
     if constexpr (requires { collective_->check_async(); }) collective_->check_async();
+  }
+
+  /// Counts `steps` (at most the warm-up's) warm-up steps as taken by an
+  /// engine that has taken none: a bucket built in the middle of its model's
+  /// warm-up (DDP builds its buckets anew after the first iteration) starts
+  /// where the model is. Warm-up steps keep no state, so it is then exactly
+  /// as if it had taken them.
+  void begin_at(std::uint64_t steps) {
+    GRADCOMP_EXPECTS(step_ == 0 && steps <= options_.warmup_steps,
+                     "begin_at: " + std::to_string(steps) + " warm-up steps on a bucket of " +
+                         std::to_string(options_.warmup_steps) + " that has taken " + std::to_string(step_) + " steps");
+    step_ = steps;
   }
 
   /// Bytes the last step put on the wire (see step_context::wire_bytes).
@@ -187,7 +202,7 @@ class bucket_engine {
     return detail::hash_combine(h, bucket_seed_);
   }
 
-  /// @name Checkpoints (format: <gradcomp/pipeline/checkpoint.hpp>)
+  /// @name Checkpoints (format: <gradcomp/reducers/detail/checkpoint.hpp>)
   /// @{
 
   /// This rank's state: the committed steps (which fix the warm-up position
@@ -219,7 +234,7 @@ class bucket_engine {
     [[maybe_unused]] auto const guard = channel_.bind_device();
     GRADCOMP_EXPECTS(
         c.residual.size() == (ErrorFeedback::enabled ? layout_.size() : 0) && c.state.size() == state_bytes_,
-        "allreducer: a bucket_checkpoint of another configuration");
+        std::string(who_) + ": a bucket_checkpoint of another configuration");
     space_.synchronize();
     if (channel_.pending()) (void)channel_.receive();  // the restored state replaces whatever it said
     ef_->assign(c.residual.data());
@@ -323,8 +338,8 @@ class bucket_engine {
   // ranks throw together or none does: no rank is left waiting in a step.
   void agree_on_configuration(std::string const& failure) {
     agreement const all(*collective_, space_, layout_.size(), fingerprint(), failure);
-    expect_none_failed(all, failure, "allreducer", "this configuration");
-    expect_same_bucket(all, "allreducer",
+    expect_none_failed(all, failure, who_, "this configuration");
+    expect_same_bucket(all, who_,
                        "configuration differs from rank 0's (compressor parameters, tensor shapes, error feedback, "
                        "aggregator, non-finite policy or seed)");
   }
@@ -334,6 +349,7 @@ class bucket_engine {
             static_cast<std::uint32_t>(collective_->rank())};
   }
 
+  char const* who_;
   Compressor compressor_;
   Collective* collective_;
   bucket_layout layout_;

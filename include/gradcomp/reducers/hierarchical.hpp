@@ -53,7 +53,7 @@ namespace gradcomp::inline GRADCOMP_ABI {
 ///
 /// Besides its own members it has those of detail::two_level, which the
 /// two-level reducers share: synchronize(), wire_bytes() (across nodes),
-/// steps(), warming_up(), layout(), compressor(), rail_elements(),
+/// begin_at(), steps(), warming_up(), layout(), compressor(), rail_elements(),
 /// residual(), fingerprint() and the checkpoints (save(), parse_checkpoint(),
 /// restore()).
 template <class Compressor, class ErrorFeedback, class Collective, class Space = default_space_t<Collective>,

@@ -2,9 +2,9 @@
 // parameters, and a bucket's checkpointed state.
 #pragma once
 
-#include <gradcomp/pipeline/checkpoint.hpp>
 #include <gradcomp/pipeline/compressor.hpp>
 #include <gradcomp/pipeline/nonfinite.hpp>
+#include <gradcomp/reducers/detail/checkpoint.hpp>
 
 #include <cstddef>
 #include <cstdint>

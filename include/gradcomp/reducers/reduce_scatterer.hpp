@@ -66,7 +66,7 @@ class reduce_scatterer : bucket_engine<Compressor, ErrorFeedback, Collective, al
   reduce_scatterer(Compressor compressor, Collective& collective, bucket_layout layout, Space space,
                    allreducer_options options = {})
       : engine(compressor, collective, padded(layout, collective.size(), compressor), space, options,
-               step_output::own_block),
+               step_output::own_block, "reduce_scatterer"),
         rank_(collective.rank()),
         layout_(std::move(layout)),
         parts_(detail::element_parts(layout_.size(), collective.size(), detail::shard_alignment(compressor))),
@@ -109,14 +109,14 @@ class reduce_scatterer : bucket_engine<Compressor, ErrorFeedback, Collective, al
   /// last tensor of zero padding.
   bucket_layout const& padded_layout() const { return engine::layout(); }
 
-  /// The engine's (see bucket_engine): synchronize() and refuse_step();
+  /// The engine's (see bucket_engine): synchronize(), refuse_step() and begin_at();
   /// wire_bytes() per rank; steps(), warming_up(), compressor(), options();
   /// residual() of this rank's whole padded bucket; fingerprint(), the
   /// all-reduce path's marked as a reduce-scatter of these shards; and the
   /// checkpoints of this rank's state, save(), parse_checkpoint() and both
   /// restore()s (the one of bytes collective: every rank restores, or none).
-  using engine::synchronize, engine::refuse_step, engine::wire_bytes, engine::steps, engine::warming_up,
-      engine::compressor, engine::options, engine::residual, engine::fingerprint, engine::save,
+  using engine::synchronize, engine::refuse_step, engine::begin_at, engine::wire_bytes, engine::steps,
+      engine::warming_up, engine::compressor, engine::options, engine::residual, engine::fingerprint, engine::save,
       engine::parse_checkpoint, engine::restore;
 
  private:

@@ -1,6 +1,6 @@
 // The one type erasure behind any_allreducer and any_reduce_scatterer: a
 // bucket's reducer of whichever compressor a compressor_spec names, behind
-// one virtual call per step, and what both show of it.
+// one virtual call per step (each kind's own step), and what both show of it.
 #pragma once
 
 #include <gradcomp/compressors/registry.hpp>
@@ -18,20 +18,16 @@
 
 namespace gradcomp::inline GRADCOMP_ABI::detail {
 
-/// A bucket's reducer, erased: the all-reduce reducers take the first step,
-/// the reduce-scatter reducers the second and the shard queries.
+/// What every erased bucket reducer has, whichever way it delivers.
 template <class Memory, class Gradient>
 struct erased_reducer {
   virtual ~erased_reducer() = default;
-  virtual void step(span<Gradient, Memory> gradient) = 0;
-  virtual void step(span<Gradient, Memory> gradient, span<Gradient, Memory> shard) = 0;
-  virtual element_range shard(int rank) const = 0;
-  virtual int rank() const = 0;
   virtual void synchronize() = 0;
   virtual std::vector<std::byte> save() = 0;
   virtual bucket_checkpoint parse(span<std::byte const>) const = 0;
   virtual void apply(bucket_checkpoint const&) = 0;
   virtual void restore(span<std::byte const>) = 0;
+  virtual void begin_at(std::uint64_t steps) = 0;
   virtual std::size_t wire_bytes() const = 0;
   virtual std::uint64_t steps() const = 0;
   virtual bool warming_up() const = 0;
@@ -39,43 +35,68 @@ struct erased_reducer {
   virtual std::uint64_t fingerprint() const = 0;
 };
 
-/// `Reducer` behind erased_reducer; `rank` is this rank's place in the
-/// reducer's shards (counted node by node in two levels).
-template <class Reducer, class Memory, class Gradient>
-class erased final : public erased_reducer<Memory, Gradient> {
-  static constexpr bool scatters = requires(Reducer & r, span<Gradient, Memory> g) { r(g, g); };
-  using gradient = span<Gradient, Memory>;
+/// An erased all-reduce reducer: its step.
+template <class Memory, class Gradient>
+struct erased_allreduce : erased_reducer<Memory, Gradient> {
+  virtual void step(span<Gradient, Memory> gradient) = 0;
+};
 
+/// An erased reduce-scatter reducer: its step and its shards (`rank` counted
+/// node by node in two levels).
+template <class Memory, class Gradient>
+struct erased_reduce_scatter : erased_reducer<Memory, Gradient> {
+  virtual void step(span<Gradient, Memory> gradient, span<Gradient, Memory> shard) = 0;
+  virtual element_range shard(int rank) const = 0;
+  virtual int rank() const = 0;
+};
+
+/// `Reducer` behind `Interface`: the members every erased reducer has.
+template <class Reducer, class Interface>
+class erased_common : public Interface {
  public:
   template <class... Args>
-  explicit erased(int rank, Args&&... args) : r_(std::forward<Args>(args)...), rank_(rank) {}
+  explicit erased_common(Args&&... args) : r_(std::forward<Args>(args)...) {}
 
-  void step(gradient g) override {
-    if constexpr (!scatters) r_(g);
-  }
-  void step(gradient g, gradient shard) override {
-    if constexpr (scatters) r_(g, shard);
-  }
-  element_range shard(int rank) const override {
-    if constexpr (scatters)
-      return {r_.shard_offset(rank), r_.shard_size(rank)};
-    else
-      return {0, r_.layout().size()};
-  }
-  int rank() const override { return rank_; }
   void synchronize() override { r_.synchronize(); }
   std::vector<std::byte> save() override { return r_.save(); }
   bucket_checkpoint parse(span<std::byte const> b) const override { return r_.parse_checkpoint(b); }
   void apply(bucket_checkpoint const& c) override { r_.restore(c); }
   void restore(span<std::byte const> b) override { r_.restore(b); }
+  void begin_at(std::uint64_t steps) override { r_.begin_at(steps); }
   std::size_t wire_bytes() const override { return r_.wire_bytes(); }
   std::uint64_t steps() const override { return r_.steps(); }
   bool warming_up() const override { return r_.warming_up(); }
   bucket_layout const& layout() const override { return r_.layout(); }
   std::uint64_t fingerprint() const override { return r_.fingerprint(); }
 
- private:
+ protected:
   Reducer r_;
+};
+
+/// An all-reduce `Reducer` behind erased_allreduce.
+template <class Reducer, class Memory, class Gradient>
+class erased_allreducer final : public erased_common<Reducer, erased_allreduce<Memory, Gradient>> {
+  using base = erased_common<Reducer, erased_allreduce<Memory, Gradient>>;
+
+ public:
+  using base::base;
+  void step(span<Gradient, Memory> g) override { this->r_(g); }
+};
+
+/// A reduce-scatter `Reducer` behind erased_reduce_scatter; `rank` is this
+/// rank's place in its shards.
+template <class Reducer, class Memory, class Gradient>
+class erased_scatterer final : public erased_common<Reducer, erased_reduce_scatter<Memory, Gradient>> {
+  using base = erased_common<Reducer, erased_reduce_scatter<Memory, Gradient>>;
+
+ public:
+  template <class... Args>
+  explicit erased_scatterer(int rank, Args&&... args) : base(std::forward<Args>(args)...), rank_(rank) {}
+  void step(span<Gradient, Memory> g, span<Gradient, Memory> shard) override { this->r_(g, shard); }
+  element_range shard(int rank) const override { return {this->r_.shard_offset(rank), this->r_.shard_size(rank)}; }
+  int rank() const override { return rank_; }
+
+ private:
   int rank_;
 };
 
@@ -98,8 +119,9 @@ struct lane_of<T<X, Rest...>> {
 };
 
 /// What any_allreducer and any_reduce_scatterer share: the spec, the erased
-/// reducer, and the members that do not depend on how a step delivers.
-template <class Memory, class Gradient>
+/// reducer (behind `Interface`: erased_allreduce or erased_reduce_scatter),
+/// and the members that do not depend on how a step delivers.
+template <class Memory, class Gradient, class Interface>
 class any_reducer {
  public:
   using memory = Memory;
@@ -117,6 +139,8 @@ class any_reducer {
   /// Restores what save() wrote on every rank together, or on none.
   /// @note Collective; waits for the space.
   void restore(span<std::byte const> bytes) { impl_->restore(bytes); }
+  /// Counts `steps` warm-up steps as taken (see allreducer::begin_at).
+  void begin_at(std::uint64_t steps) { impl_->begin_at(steps); }
 
   /// The spec it was built from.
   compressor_spec const& spec() const { return spec_; }
@@ -141,7 +165,7 @@ class any_reducer {
   /// or null where `refuse(c)` threw, which the caller has agreed on first).
   template <class Make>
   void build(int ranks, Make&& make) {
-    impl_ = visit_compressor(spec_, ranks, [&](auto c, auto ef) -> std::unique_ptr<erased_reducer<Memory, Gradient>> {
+    impl_ = visit_compressor(spec_, ranks, [&](auto c, auto ef) -> std::unique_ptr<Interface> {
       description_ = std::string(decltype(c)::name) + lane_of<decltype(c)>::suffix();
       return make(c, ef);
     });
@@ -149,7 +173,7 @@ class any_reducer {
 
   compressor_spec spec_;
   std::string description_;
-  std::unique_ptr<erased_reducer<Memory, Gradient>> impl_;
+  std::unique_ptr<Interface> impl_;
 };
 
 }  // namespace gradcomp::inline GRADCOMP_ABI::detail

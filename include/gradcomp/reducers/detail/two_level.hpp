@@ -8,9 +8,9 @@
 #include <gradcomp/detail/hash.hpp>
 #include <gradcomp/execution.hpp>
 #include <gradcomp/pipeline/aggregator.hpp>
-#include <gradcomp/pipeline/checkpoint.hpp>
 #include <gradcomp/reducers/agreement.hpp>
 #include <gradcomp/reducers/bucket_engine.hpp>
+#include <gradcomp/reducers/detail/checkpoint.hpp>
 #include <gradcomp/reducers/detail/node_reduction.hpp>
 #include <gradcomp/reducers/node_groups.hpp>
 #include <gradcomp/reducers/options.hpp>
@@ -81,6 +81,8 @@ class two_level {
 
   /// Waits for every step enqueued so far (see allreducer::synchronize).
   void synchronize() { engine_->synchronize(); }
+  /// Counts warm-up steps as taken (see bucket_engine::begin_at).
+  void begin_at(std::uint64_t steps) { engine_->begin_at(steps); }
   /// Bytes the last step sent across nodes, per rank (its rail's wire bytes).
   std::size_t wire_bytes() const { return engine_->wire_bytes(); }
   /// Steps committed, warm-up included.
@@ -163,7 +165,7 @@ class two_level {
       o.bucket = o.bucket * static_cast<std::uint64_t>(groups.ranks_per_node()) + local_rank;
       bucket_layout part = shards_by_tensors<Compressor> ? tensors_within(layout_, parts.of_rank[local_rank])
                                                          : bucket_layout(parts.slot);
-      engine_.emplace(std::move(compressor), rail_, std::move(part), space_, o, output);
+      engine_.emplace(std::move(compressor), rail_, std::move(part), space_, o, output, who);
       node_.emplace(std::move(parts), space_, options_.bf16_within_node, output == step_output::whole_bucket);
     } catch (std::exception const& e) {
       failure = "across " + std::to_string(groups.nodes()) + " nodes of " + std::to_string(groups.ranks_per_node()) +
