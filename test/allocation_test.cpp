@@ -2,8 +2,9 @@
 // operator new that counts, armed around many steps after a few warm-up
 // ones (the first steps may size what the collectives keep), for every
 // registered compressor in allreducer, reduce_scatterer (those that shard by
-// elements), the two-level reducers, and model_reducer with and without
-// overlap, flat and in two levels.
+// elements), the two-level reducers, and the model-level reducers (with and
+// without overlap, flat and in two levels, on one lane or two, buckets from
+// a plan or handed over as the DDP hook hands them, 16-bit ones too).
 #include "common/compressors.hpp"
 #include "common/harness.hpp"
 
@@ -137,41 +138,85 @@ TEST_CASE("two-level steps allocate nothing, all-reduce and reduce-scatter") {
   });
 }
 
-TEST_CASE("model_reducer steps allocate nothing, with and without overlap, flat and in two levels") {
+TEST_CASE(
+    "model_reducer and model_reduce_scatterer steps allocate nothing: overlap or not, flat or two levels, "
+    "one lane or two") {
   std::vector<std::vector<std::size_t>> const shapes = {{10, 256}, {10}, {256, 300}, {256}, {64, 64}};
   for (bool overlap : {true, false})
-    for (bool two_levels : {false, true}) {
-      std::string const what =
-          std::string(overlap ? "overlap" : "no overlap") + (two_levels ? ", two levels" : ", flat");
-      INFO(what);
-      model_reducer_options options;
-      options.compressor = compressor_spec::parse("topkc:fraction=0.25,chunk_size=64");
-      options.min_compression_elements = 1000;
-      options.bucket_cap_bytes = options.first_bucket_cap_bytes = 8192;
-      options.overlap = overlap;
-      std::size_t counted = 0;
-      local_group::run(4, [&](local_group::communicator& world) {
-        auto step_of = [&](auto& reducer) {
-          return [&] {
-            for (std::size_t p = shapes.size(); p-- > 0;) {  // the backward pass: last layer first
-              auto g = reducer.gradient(p);
-              for (std::size_t i = 0; i < g.size(); ++i) g[i] = 1e-3f * static_cast<float>((i + p) % 7);
-              reducer.mark_ready(p);
+    for (bool two_levels : {false, true})
+      for (int lanes : {1, 2})
+        for (bool scatter : {false, true}) {
+          std::string const what = std::string(overlap ? "overlap" : "no overlap") +
+                                   (two_levels ? ", two levels" : ", flat") + ", " + std::to_string(lanes) + " lanes" +
+                                   (scatter ? ", reduce-scatter" : "");
+          INFO(what);
+          model_reducer_options options;
+          options.compressor = compressor_spec::parse("topkc:fraction=0.25,chunk_size=64");
+          options.min_compression_elements = 1000;
+          options.bucket_cap_bytes = options.first_bucket_cap_bytes = 8192;
+          options.overlap = overlap;
+          options.lanes = lanes;
+          std::size_t counted = 0;
+          local_group::run(4, [&](local_group::communicator& world) {
+            auto step_of = [&](auto& reducer) {
+              return [&] {
+                for (std::size_t p = shapes.size(); p-- > 0;) {  // the backward pass: last layer first
+                  auto g = reducer.gradient(p);
+                  for (std::size_t i = 0; i < g.size(); ++i) g[i] = 1e-3f * static_cast<float>((i + p) % 7);
+                  reducer.mark_ready(p);
+                }
+                reducer.finish();
+              };
+            };
+            auto count = [&](auto& world_or_groups) {
+              if (scatter) {
+                model_reduce_scatterer<local_group::communicator, host_space> reducer(shapes, world_or_groups, options);
+                return allocations_of(world, step_of(reducer));
+              }
+              model_reducer<local_group::communicator, host_space> reducer(shapes, world_or_groups, options);
+              return allocations_of(world, step_of(reducer));
+            };
+            std::size_t n = 0;
+            if (two_levels) {
+              auto groups = split_nodes(world, 2);
+              n = count(groups);
+            } else {
+              n = count(world);
             }
-            reducer.finish();
-          };
-        };
-        std::size_t n = 0;
-        if (two_levels) {
-          auto groups = split_nodes(world, 2);
-          model_reducer<local_group::communicator, host_space> reducer(shapes, groups, options);
-          n = allocations_of(world, step_of(reducer));
-        } else {
-          model_reducer<local_group::communicator, host_space> reducer(shapes, world, options);
-          n = allocations_of(world, step_of(reducer));
+            if (world.rank() == 0) counted = n;
+          });
+          CHECK(counted == 0);
         }
-        if (world.rank() == 0) counted = n;
+}
+
+// The DDP hook's path: buckets handed over by index as DDP stores them, 16-bit
+// ones reduced as they are (no fp32 copy of a bucket, which would allocate),
+// on two lanes.
+TEST_CASE("handed-over buckets, 16-bit ones too, step without allocating") {
+  auto run = [&]<class G>(std::type_identity<G>) {
+    model_reducer_options options;
+    options.compressor = compressor_spec::parse("thc:bits=4,block=64");
+    options.min_compression_elements = 1000;
+    options.lanes = 2;
+    std::vector<std::vector<std::size_t>> const first = {{64, 40}, {64}}, second = {{30, 100}};
+    std::size_t counted = 0;
+    local_group::run(4, [&](local_group::communicator& world) {
+      model_buckets<all_reduce_delivery, local_group::communicator, host_space, G> core(
+          "handed", world, options, host_space{.threads = 1},
+          &make_bucket<any_allreducer<local_group::communicator, host_space, G>, local_group::communicator,
+                       host_space>);
+      std::vector<G> a(64 * 40 + 64, G(0.25f)), b(3000, G(-0.5f));
+      std::vector<std::size_t> const pa = {0, 1}, pb = {2};
+      std::size_t const n = allocations_of(world, [&] {
+        core.submit_handed(0, span<G>(a.data(), a.size()), pa, first, nullptr);
+        core.submit_handed(1, span<G>(b.data(), b.size()), pb, second, nullptr);
+        core.finish();
       });
-      CHECK(counted == 0);
-    }
+      if (world.rank() == 0) counted = n;
+    });
+    CHECK(counted == 0);
+  };
+  run(std::type_identity<bfloat16>{});
+  run(std::type_identity<half>{});
+  run(std::type_identity<float>{});
 }

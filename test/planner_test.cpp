@@ -119,7 +119,7 @@ void check_recorded_calls() {
     for (int ranks : {1, 3, 4}) {
       INFO(std::string(C::name) << " on " << ranks << " ranks" << (Sharded ? ", reduce-scattered" : ""));
       compressor_spec spec = compressor_spec::parse(C::name);
-      if (std::string_view(C::name) == "global_randk") spec.k = 1000;
+      if (std::string_view(C::name) == "global_randk") spec.set("k", "1000");
       plan_row const row = detail::rehearse<host_space, float, Sharded>(spec, layout, 0, ranks, host_space{}, 1);
       if (Sharded && !detail::shards_by_elements<C>) {
         CHECK(row.refused.find("cannot reduce-scatter") != std::string::npos);
@@ -370,12 +370,18 @@ TEST_CASE("a bucket's choice: the lowest score, but bf16 unless another saves th
 }
 
 TEST_CASE("automatic specs name their candidates, and nothing else passes as one") {
-  CHECK(auto_candidates("auto").size() == 3);
-  auto const c = auto_candidates("auto:of=bf16+topkc:fraction=0.01,chunk_size=64+thc");
+  CHECK(compressor_choice::parse("auto").candidates().size() == 3);
+  auto const c = compressor_choice::parse("auto:of=bf16+topkc:fraction=0.01,chunk_size=64+thc").candidates();
   REQUIRE(c.size() == 3);
   CHECK(c[1].str() == compressor_spec::parse("topkc:fraction=0.01,chunk_size=64").str());
-  CHECK_FALSE(is_auto_spec("bf16"));
-  CHECK_THROWS_WITH_AS(auto_candidates("auto:of=bf16+nope"), doctest::Contains("unknown compressor 'nope'"),
+  CHECK_FALSE(compressor_choice::parse("bf16").is_automatic());
+  CHECK_THROWS_WITH_AS(compressor_choice::parse("auto:of=bf16+nope"), doctest::Contains("unknown compressor 'nope'"),
+                       invalid_argument);
+  // Printed as it reads back, candidates in their canonical form; a fixed one as its spec.
+  CHECK(compressor_choice::parse("auto:of=topkc:chunk_size=64+thc").str() == "auto:of=topkc:chunk_size=64+thc");
+  CHECK(compressor_choice::parse("auto").str() == "auto:of=bf16+topkc+powersgd");
+  CHECK(compressor_choice::parse("thc:bits=2").str() == compressor_spec::parse("thc:bits=2").str());
+  CHECK_THROWS_WITH_AS((void)compressor_choice::parse("auto").spec(), doctest::Contains("the planner's to choose"),
                        invalid_argument);
 }
 
@@ -385,10 +391,12 @@ TEST_CASE("one bucket's compressor: a fixed spec as itself, an automatic one pla
   planner_options const options = quick(planner_options{}.candidates);
   std::vector<std::string> chosen(3);
   local_group::run(3, [&](local_group::communicator& comm) {
-    auto const [fixed, none] = choose_compressor(comm, "thc:bits=2", layout, host_space{}, options);
+    auto const [fixed, none] =
+        choose_compressor(comm, compressor_choice::parse("thc:bits=2"), layout, host_space{}, options);
     CHECK(fixed.str() == compressor_spec::parse("thc:bits=2").str());
     CHECK(none.buckets.empty());
-    auto const [spec, plan] = choose_compressor(comm, "auto:of=topkc+powersgd", layout, host_space{}, options);
+    auto const [spec, plan] =
+        choose_compressor(comm, compressor_choice::parse("auto:of=topkc+powersgd"), layout, host_space{}, options);
     REQUIRE(plan.buckets.size() == 1);
     CHECK(plan.buckets[0].rows.size() == 3);  // the two, and bf16 for comparison
     CHECK(spec.str() == plan.chosen(0).str());

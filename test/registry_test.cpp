@@ -2,8 +2,9 @@
 // that must cover every compressor covers exactly that list: each registered
 // compressor builds from its spec on 2, 3 and 4 ranks and steps bitwise as
 // its typed allreducer, its spec reads back what it writes, its name is its
-// folder's, its keys are keys a spec has, and the benchmark rows and the
-// README's compressor table hold every one of them.
+// folder's, the keys its spec takes are the parameters it declares (each
+// reaching the compressor), and the benchmark rows and the README's
+// compressor table hold every one of them, the table with their keys.
 #include "../bench/common/rows.hpp"
 #include "common/compressors.hpp"
 #include "common/harness.hpp"
@@ -85,21 +86,59 @@ TEST_CASE("each compressor has one name: its spec, its folder, its type's name")
   }
 }
 
-TEST_CASE("a compressor's spec keys are keys a spec holds, and the spec takes exactly them") {
-  std::string const all = ", " + compressor_spec::keys() + ",";
+namespace {
+
+// A value of T other than `v` (what a spec sets must reach the compressor).
+template <class T>
+T another(T v) {
+  if constexpr (std::is_floating_point_v<T>)
+    return v == 0 ? T(0.25) : v / 2;
+  else
+    return static_cast<T>(v + 1);
+}
+
+// Compressor X's parameter `key`, as a spec writes it.
+template <class X>
+std::string parameter_text(X const& x, std::string_view key) {
+  std::string out;
+  for_each_parameter<X>([&](auto const& p) {
+    if (p.key == key) out = gradcomp::detail::write_value(x.*p.member);
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a compressor's declared parameters are the keys its spec takes, and each reaches the compressor") {
+  auto const all = compressor_spec::keys();
   for_each_registered([&]<class C>(std::type_identity<C>) {
-    std::istringstream words{std::string(C::spec_keys)};
     std::set<std::string> own;
-    for (std::string key; words >> key;) {
-      INFO(C::name << " declares " << key);
-      CHECK(all.find(", " + key + ",") != std::string::npos);
-      own.insert(key);
-    }
-    compressor_spec{}.for_each_key([&](char const* key, auto const&) {
-      INFO(C::name << " and " << key);
-      CHECK(compressor_spec::takes(C::name, key) == (own.count(key) == 1));
+    for_each_parameter<C>([&](auto const& p) {
+      INFO(C::name << " declares " << p.key);
+      CHECK(own.insert(std::string(p.key)).second);  // once
+      CHECK(!p.meaning.empty());
+      CHECK(!p.range.empty());
     });
-    CHECK(compressor_spec::takes(C::name, "ef"));
+    if (C::integer_lane) own.insert("lane");
+    for (std::string const& key : all) {
+      INFO(C::name << " and " << key);
+      CHECK(compressor_spec::takes(C::name, key) == (own.count(key) == 1 || key == "ef"));
+    }
+    // Each declared parameter a spec sets is the built compressor's, in every lane
+    // it picks (a from_spec that skipped one would leave the default).
+    for_each_parameter<C>([&](auto const& p) {
+      using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+      std::string const value = gradcomp::detail::write_value(another<T>(C{}.*p.member));
+      compressor_spec spec = compressor_spec::parse(C::name);
+      spec.set(std::string(p.key), value);
+      INFO(spec.str());
+      CHECK(spec.value_of(p.key) == value);
+      for (int ranks : {2, 64})
+        visit_compressor(spec, ranks, [&](auto c, auto) {
+          CHECK(parameter_text(c, p.key) == value);
+          return 0;
+        });
+    });
   });
 }
 
@@ -116,7 +155,7 @@ TEST_CASE("the benchmark rows cover every registered compressor, each named by i
   CHECK(benched == registered_names());
 }
 
-TEST_CASE("the README's compressor table lists exactly the registered compressors") {
+TEST_CASE("the README's compressor table lists exactly the registered compressors, each with the keys it takes") {
   std::ifstream readme(source_dir() / "README.md");
   REQUIRE(readme.good());
   std::set<std::string> listed;
@@ -125,7 +164,17 @@ TEST_CASE("the README's compressor table lists exactly the registered compressor
     if (line.rfind("## ", 0) == 0) in_table = line == "## Compressors";
     if (!in_table || line.rfind("| `", 0) != 0) continue;
     std::string const spec = line.substr(3, line.find('`', 3) - 3);
-    listed.insert(spec.substr(0, spec.find(':')));
+    std::string const name = spec.substr(0, spec.find(':'));
+    listed.insert(name);
+    std::set<std::string> keys;  // the row's keys: the compressor's own, as it declares them
+    if (spec.find(':') != std::string::npos) {
+      std::istringstream items(spec.substr(spec.find(':') + 1));
+      for (std::string item; std::getline(items, item, ',');) keys.insert(item.substr(0, item.find('=')));
+    }
+    for (std::string const& key : compressor_spec::keys()) {
+      INFO(name << " and " << key);
+      if (key != "ef") CHECK(compressor_spec::takes(name, key) == (keys.count(key) == 1));
+    }
   }
   CHECK(listed == registered_names());
 }

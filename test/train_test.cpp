@@ -37,9 +37,10 @@ void write_gzip(std::string const& path, std::vector<std::uint8_t> const& bytes)
 std::string short_run_spec(std::string_view name, double fraction = 0) {
   gradcomp::compressor_spec s = gradcomp::compressor_spec::parse(name);
   bool const chunks = gradcomp::compressor_spec::takes(name, "chunk_size");
-  if (chunks) s.chunk_size = 64;
-  if (gradcomp::compressor_spec::takes(name, "fraction")) s.fraction = fraction > 0 ? fraction : chunks ? 0.25 : 0.1;
-  if (gradcomp::compressor_spec::takes(name, "matrix_rank")) s.matrix_rank = 4;
+  if (chunks) s.set("chunk_size", "64");
+  if (gradcomp::compressor_spec::takes(name, "fraction"))
+    s.set("fraction", std::to_string(fraction > 0 ? fraction : chunks ? 0.25 : 0.1));
+  if (gradcomp::compressor_spec::takes(name, "matrix_rank")) s.set("matrix_rank", "4");
   return s.str();
 }
 

@@ -1,6 +1,7 @@
 // A collective backend of your own is one class with rank(), size(),
 // accepts(), all_reduce(), all_gather() and broadcast() (the concept
-// gradcomp::collective). This one wraps any other backend and measures the
+// gradcomp::collective), and the optional members it can offer. This one
+// wraps any other backend, forwards its optional members, and measures the
 // time and bytes spent communicating, which is what a training loop needs to
 // split a step into compute, compression and communication.
 #pragma once
@@ -39,6 +40,14 @@ class timed_collective {
                       gradcomp::reduce_op op) requires gradcomp::reduce_scattering<Inner> {
     timed(count * sizeof(T) * size(), [&] { inner_.reduce_scatter(send, recv, count, op); });
   }
+
+  // Optional members (see gradcomp::collective), forwarded where the inner
+  // backend has them, so that wrapping it loses none: its asynchronous
+  // failures, and the execution space its buffers suit (a timed NCCL
+  // communicator still runs its reducers on its stream).
+  void check_async() requires requires(Inner& i) { i.check_async(); }
+  { inner_.check_async(); }
+  friend auto default_space(timed_collective const& t) { return default_space(t.inner_); }
 
   /// Seconds spent in collectives so far (readable from any thread while
   /// another calls collectives: a reducer's progress thread).

@@ -6,9 +6,14 @@
 #include <gradcomp/gradcomp.hpp>
 
 #include <cstdio>
+#include <type_traits>
 #include <vector>
 
 static_assert(gradcomp::collective<timed_collective<gradcomp::local_group::communicator>>);
+// Its optional members follow the backend's: local_group's buffers are the
+// host's (a timed nccl_communicator's would be its stream's cuda_space).
+static_assert(std::is_same_v<gradcomp::default_space_t<timed_collective<gradcomp::local_group::communicator>>,
+                             gradcomp::host_space>);
 
 int main() {
   std::size_t const d = 1 << 22;

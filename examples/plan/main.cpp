@@ -61,7 +61,9 @@ int main(int argc, char** argv) {
   }
   try {
     gradcomp::planner_options options;
-    options.candidates = gradcomp::auto_candidates(spec);
+    gradcomp::compressor_choice const choice = gradcomp::compressor_choice::parse(spec);
+    GRADCOMP_EXPECTS(choice.is_automatic(), "plan: --spec names the planner's candidates: auto or auto:of=...");
+    options.candidates = choice.candidates();
     gradcomp::local_group::run(ranks, [&](gradcomp::local_group::communicator& comm) {
       gradcomp::host_space const one{.threads = 1};  // the ranks are the threads
       auto const [chosen, plan] = gradcomp::choose_compressors(comm, model_of(model), {}, one, options);

@@ -33,6 +33,6 @@ void device_path(c10::intrusive_ptr<c10d::ProcessGroup> group, cudaStream_t stre
   (void)c.split(0, c.rank());
 }
 
-void hook_path(ddp_hook_state& state, at::Tensor const& bucket) { state.reduce(0, bucket, {{4, 4}}); }
+void hook_path(ddp_hook_state& state, at::Tensor const& bucket) { (void)state.reduce(0, bucket, {}, {{4, 4}}, true); }
 
 }  // namespace gradcomp

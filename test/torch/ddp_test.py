@@ -129,6 +129,7 @@ def hook_equals_allreducer(rank, path, results):
         ddp.register_comm_hook(state, recording)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
         train(ddp, optimizer, 0, 2, rank)
+        seen.sort(key=lambda e: (e[0], e[1]))  # (lanes complete buckets in any order; every rank replays in one)
         same, worst = True, 0.0
         for iteration, index, shapes, before, after in seen:
             # Replay every step this bucket's reducer made, on every rank's inputs.
@@ -222,7 +223,7 @@ def lanes(rank, path, results):
     out = {}
     for n in (1, 2, 3):
         net, _, state = trained(n, 0, 6)
-        out[n] = (weights(net), len(state._lanes), replicas_equal(net))
+        out[n] = (weights(net), state.lanes, replicas_equal(net))
     net, optimizer, state = trained(2, 0, 3)
     saved = copy.deepcopy({"model": net.state_dict(), "optimizer": optimizer.state_dict(),
                            "gradcomp": state.state_dict()})

@@ -33,6 +33,24 @@ inline constexpr memory_kind memory_kind_of =
 /// - broadcast(buffer, count, root): every rank's buffer = root's buffer.
 /// - accepts(kind): whether buffers of that memory kind may be passed.
 ///
+/// Optional members, used where a backend has them (a wrapper of another
+/// backend should forward them: examples/common/timed_collective.hpp):
+/// - reduce_scatter(send, recv, count, op): see reduce_scattering.
+/// - split(color, key): see splittable; split_node(): this rank's node as
+///   the backend detects it (MPI's shared memory, NCCL's host names), for
+///   split_nodes without ranks_per_node.
+/// - check_async(): throws collective_error for a failure the backend found
+///   asynchronously (NCCL: ncclCommGetAsyncError, aborting the
+///   communicator); reducers call it after each step.
+/// - stream(): the CUDA stream the calls are ordered on; a reducer's space
+///   must run on the same one (checked at construction).
+/// - agree(send, recv): the step's agreement word summed over a world larger
+///   than this group (rail_collective: a rail agrees over every node), in
+///   place of all_reduce of that one word.
+/// - a default_space(C const&) overload found by argument-dependent lookup:
+///   the execution space its buffers suit (nccl_communicator: its stream's
+///   cuda_space); without one, the host.
+///
 /// Calls must be made by every rank in the same order with the same counts.
 /// A backend may complete them asynchronously (NCCL orders them on a CUDA
 /// stream); the host backends return when the data is in place. Each is a

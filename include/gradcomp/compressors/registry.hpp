@@ -19,7 +19,7 @@
 #include <gradcomp/pipeline/error_feedback.hpp>
 #include <gradcomp/pipeline/registration.hpp>
 
-#include <charconv>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -27,6 +27,8 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace gradcomp::inline GRADCOMP_ABI {
 
@@ -46,46 +48,28 @@ void for_each_registered(F&& f) {
   [&]<class... C>(type_list<C...>) { (f(std::type_identity<C>{}), ...); }(compressor_registry{});
 }
 
-namespace detail {
-/// Whether `key` is one of the space-separated words of `keys`.
-constexpr bool has_word(std::string_view keys, std::string_view key) {
-  while (!keys.empty()) {
-    std::size_t const space = keys.find(' ');
-    if (keys.substr(0, space) == key) return true;
-    keys = space == std::string_view::npos ? std::string_view{} : keys.substr(space + 1);
-  }
-  return false;
-}
-}  // namespace detail
-
 /// A compressor by name, with the parameters that name takes; unset
 /// parameters keep the compressor's defaults. The names and the keys each
-/// takes are the registry's (names(), takes(); see each compressor's
-/// spec_keys): "topkc:fraction=0.1,chunk_size=256", "thc:bits=4,lane=int8",
-/// "powersgd:matrix_rank=4", "bf16:ef=on". Every spec takes ef=on|off.
+/// takes are the registry's (names(), takes(); each compressor declares its
+/// `parameters`): "topkc:fraction=0.1,chunk_size=256", "thc:bits=4,lane=int8",
+/// "powersgd:matrix_rank=4", "bf16:ef=on". Every spec takes ef=on|off, and a
+/// compressor with an integer lane lane=auto|int8|int32.
 struct compressor_spec {
   std::string name = "bf16";
-  std::optional<double> fraction;          ///< topk: of elements; topkc: of chunks.
-  std::optional<std::size_t> chunk_size;   ///< topkc.
-  std::optional<std::size_t> matrix_rank;  ///< powersgd: the rank of each matrix's approximation.
-  std::optional<int> bits;                 ///< thc, qsgd, global_randk.
-  std::optional<std::size_t> block;        ///< thc: the rotation block.
-  std::optional<int> stages;               ///< thc: butterfly stages.
-  std::optional<std::size_t> k;            ///< global_randk: coordinates per step.
+  /// The parameters it sets: key and value as written back (read as the
+  /// member's type), in the order the compressor declares them.
+  std::vector<std::pair<std::string, std::string>> values;
   lane_choice lane = lane_choice::automatic;
   /// Residual error feedback; unset: the compressor's default (off for the
   /// unbiased baselines and QSGD, as PyTorch's hooks, and GlobalRandK, whose
   /// default is no contraction; on for the others).
   std::optional<bool> error_feedback;
 
-  /// Calls f(key, field) for each numeric key, in the order str() writes them.
-  template <class F>
-  void for_each_key(F&& f) {
-    keys_of(*this, f);
-  }
-  template <class F>
-  void for_each_key(F&& f) const {
-    keys_of(*this, f);
+  /// The value of `key` as the spec holds it, where it sets one.
+  std::optional<std::string_view> value_of(std::string_view key) const {
+    for (auto const& [k, v] : values)
+      if (k == key) return std::string_view(v);
+    return std::nullopt;
   }
 
   /// Whether this spec uses error feedback.
@@ -97,10 +81,10 @@ struct compressor_spec {
     return error_feedback.value_or(by_default);
   }
 
-  /// Reads "name" or "name:key=value,key=value" (keys: the numeric ones
-  /// above, lane=auto|int8|int32 and ef=on|off). Throws invalid_argument
-  /// naming an unknown name, key or value, or a key the compressor does not
-  /// take.
+  /// Reads "name" or "name:key=value,key=value" (keys: the compressor's
+  /// parameters, lane=auto|int8|int32 and ef=on|off). Throws
+  /// invalid_argument naming an unknown name, key or value, or a key the
+  /// compressor does not take.
   static compressor_spec parse(std::string_view text) {
     compressor_spec s;
     std::size_t const colon = text.find(':');
@@ -123,21 +107,12 @@ struct compressor_spec {
   std::string str() const {
     std::string out = name;
     bool first = true;
-    auto add = [&](std::string_view key, std::string const& value) {
+    auto add = [&](std::string_view key, std::string_view value) {
       out += first ? ':' : ',';
       out.append(key).append("=").append(value);
       first = false;
     };
-    for_each_key([&](char const* key, auto const& field) {
-      if (!field) return;
-      if constexpr (std::is_floating_point_v<std::decay_t<decltype(*field)>>) {
-        char text[32];
-        auto const end = std::to_chars(text, text + sizeof text, *field).ptr;  // the shortest that reads back
-        add(key, std::string(text, end));
-      } else {
-        add(key, std::to_string(*field));
-      }
-    });
+    for (auto const& [key, value] : values) add(key, value);
     if (lane != lane_choice::automatic) add("lane", lane == lane_choice::int8 ? "int8" : "int32");
     if (error_feedback) add("ef", *error_feedback ? "on" : "off");
     return out;
@@ -150,11 +125,18 @@ struct compressor_spec {
     return out;
   }
 
-  /// Every key a spec may hold, as "fraction, chunk_size, ..., lane, ef".
-  static std::string keys() {
-    std::string out;
-    compressor_spec{}.for_each_key([&](char const* key, auto const&) { out.append(key).append(", "); });
-    return out + "lane, ef";
+  /// Every key a spec may hold, each once, in the registry's order, then
+  /// lane and ef.
+  static std::vector<std::string> keys() {
+    std::vector<std::string> out;
+    for_each_registered([&]<class C>(std::type_identity<C>) {
+      for_each_parameter<C>([&](auto const& p) {
+        if (std::find(out.begin(), out.end(), p.key) == out.end()) out.emplace_back(p.key);
+      });
+    });
+    out.emplace_back("lane");
+    out.emplace_back("ef");
+    return out;
   }
 
   /// Whether `n` is a registered compressor's name.
@@ -164,11 +146,14 @@ struct compressor_spec {
     return known;
   }
 
-  /// Whether compressor `compressor_name` takes `key` (every one takes ef).
+  /// Whether compressor `compressor_name` takes `key` (every one takes ef;
+  /// those with an integer lane, lane).
   static bool takes(std::string_view compressor_name, std::string_view key) {
     bool taken = key == "ef";
     for_each_registered([&]<class C>(std::type_identity<C>) {
-      if (compressor_name == C::name) taken = taken || detail::has_word(C::spec_keys, key);
+      if (compressor_name != C::name) return;
+      taken = taken || (key == "lane" && C::integer_lane);
+      for_each_parameter<C>([&](auto const& p) { taken = taken || p.key == key; });
     });
     return taken;
   }
@@ -177,50 +162,63 @@ struct compressor_spec {
   /// invalid_argument for an unknown key or value, or one this spec's
   /// compressor does not take.
   void set(std::string const& key, std::string const& value) {
-    bool numeric = false;
-    for_each_key([&](char const* k, auto const&) { numeric = numeric || key == k; });
-    GRADCOMP_EXPECTS(numeric || key == "lane" || key == "ef",
-                     "compressor_spec: unknown key '" + key + "' (" + keys() + ")");
+    auto const all = keys();
+    GRADCOMP_EXPECTS(std::find(all.begin(), all.end(), key) != all.end(),
+                     "compressor_spec: unknown key '" + key + "' (" + joined(all) + ")");
     GRADCOMP_EXPECTS(takes(name, key), "compressor_spec: " + name + " takes no '" + key + "'");
-    for_each_key([&](char const* k, auto& field) {
-      if (key == k) field = number<std::decay_t<decltype(*field)>>(key, value);
-    });
     if (key == "lane") {
       GRADCOMP_EXPECTS(value == "auto" || value == "int8" || value == "int32",
                        "compressor_spec: lane=" + value + " (auto, int8, int32)");
       lane = value == "int8" ? lane_choice::int8 : value == "int32" ? lane_choice::int32 : lane_choice::automatic;
-    }
-    if (key == "ef") {
+    } else if (key == "ef") {
       bool const on = value == "on" || value == "true" || value == "1" || value == "yes";
       bool const off = value == "off" || value == "false" || value == "0" || value == "no";
       GRADCOMP_EXPECTS(on || off, "compressor_spec: ef=" + value + " (on, off)");
       error_feedback = on;
+    } else {
+      set_parameter(key, value);
     }
   }
 
  private:
-  // The numeric keys of `s` (a spec, const or not), in the order str() writes them.
-  template <class Self, class F>
-  static void keys_of(Self& s, F& f) {
-    f("fraction", s.fraction), f("chunk_size", s.chunk_size), f("matrix_rank", s.matrix_rank), f("bits", s.bits);
-    f("block", s.block), f("stages", s.stages), f("k", s.k);
+  static std::string joined(std::vector<std::string> const& words) {
+    std::string out;
+    for (auto const& w : words) out.append(out.empty() ? "" : ", ").append(w);
+    return out;
   }
 
-  template <class T>
-  static T number(std::string const& key, std::string const& value) {
-    T out{};
-    char const* const end = value.data() + value.size();
-    auto const [at, error] = std::from_chars(value.data(), end, out);
-    GRADCOMP_EXPECTS(error == std::errc{} && at == end && !value.empty(),
-                     "compressor_spec: " + key + "=" + value + " is not a number of the right kind");
-    return out;
+  // Sets a declared parameter of this spec's compressor, its value read as
+  // the member's type and written back so, keeping the declared order.
+  void set_parameter(std::string const& key, std::string const& value) {
+    for_each_registered([&]<class C>(std::type_identity<C>) {
+      if (name != C::name) return;
+      std::vector<std::string_view> order;  // C's keys, as declared
+      for_each_parameter<C>([&](auto const& p) {
+        order.push_back(p.key);
+        if (p.key != key) return;
+        using T = typename std::remove_cvref_t<decltype(p)>::value_type;
+        auto const read = detail::read_value<T>(value);
+        GRADCOMP_EXPECTS(read.has_value(),
+                         "compressor_spec: " + key + "=" + value + " is not a number of the right kind");
+        std::string text = detail::write_value(*read);
+        auto const found = std::find_if(values.begin(), values.end(), [&](auto const& kv) { return kv.first == key; });
+        if (found != values.end())
+          found->second = std::move(text);
+        else
+          values.emplace_back(key, std::move(text));
+      });
+      auto rank = [&](std::string const& k) { return std::find(order.begin(), order.end(), k) - order.begin(); };
+      std::stable_sort(values.begin(), values.end(),
+                       [&](auto const& a, auto const& b) { return rank(a.first) < rank(b.first); });
+    });
   }
 };
 
 namespace detail {
 template <class Make, class C, class... Rest>
 decltype(auto) visit_registered(type_list<C, Rest...>, compressor_spec const& spec, int ranks, Make& make) {
-  static_assert(registered<C>, "a registry entry must declare spec_keys, error_feedback_by_default and from_spec");
+  static_assert(registered<C>,
+                "a registry entry must declare parameters, integer_lane, error_feedback_by_default and from_spec");
   if (spec.name == C::name) return C::from_spec(spec, ranks, make);
   if constexpr (sizeof...(Rest) > 0) {
     return visit_registered(type_list<Rest...>{}, spec, ranks, make);

@@ -1,13 +1,13 @@
 // The C++ side of gradcomp's DDP communication hook (component
-// gradcomp::torch): each DDP bucket reduced by the compressor a spec names,
-// over the process group DDP uses. The Python hook (gradcomp.torch.register)
-// is a thin layer over this class; a LibTorch program can use it directly.
+// gradcomp::torch): an adapter of the model-level core (reducers/model/)
+// whose buckets are DDP's, handed over by index as DDP makes them. The
+// Python hook (gradcomp.torch) is a thin layer over this class; a LibTorch
+// program can use it directly.
 //
 // Host (gloo) buckets are reduced in any translation unit. Device (NCCL)
 // buckets need the CUDA space's kernels, which only nvcc compiles: a state
 // reduces them when given a ddp_hook_device, which <gradcomp/torch/
-// ddp_hook_device.cuh> makes in a .cu file. So the host loops stay in the
-// host compiler's code (the Python module is a .cpp file and a small .cu).
+// ddp_hook_device.cuh> makes in a .cu file.
 //
 // Without PyTorch's headers on the include path this header still compiles,
 // and declares ddp_hook_state without defining it.
@@ -22,205 +22,318 @@ class ddp_hook_state;
 
 #if __has_include(<torch/csrc/distributed/c10d/ProcessGroup.hpp>)
 
-#include <gradcomp/pipeline/checkpoint.hpp>
 #include <gradcomp/planning/planner.hpp>
-#include <gradcomp/reducers/any_allreducer.hpp>
-#include <gradcomp/reducers/bucket_plan.hpp>
+#include <gradcomp/reducers/model/model_buckets.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
 
-#include <cstddef>
-#include <cstdint>
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace gradcomp::inline GRADCOMP_ABI {
 
-/// How a ddp_hook_state reduces DDP's buckets.
-struct ddp_hook_options {
-  /// The compressor of buckets that hold a matrix and at least
-  /// `min_compression_elements` values.
-  compressor_spec compressor{};
-  /// When not empty (the spec "auto" or "auto:of=..."): the planner
-  /// (plan_compression over the hook's group) chooses the compressor of each
-  /// bucket that `compressor` would take among these, when the bucket is
-  /// built (after warm-up, so on DDP's rebuilt buckets where warm-up is 2 or
-  /// more); rank 0 prints its table. `compressor` is then unused.
-  std::vector<compressor_spec> candidates{};
-  /// The compressor of the other buckets (bf16, no error feedback: PyTorch's
-  /// min_compression_rate).
-  compressor_spec small{};
-  /// See above; model_reducer's default.
-  std::size_t min_compression_elements = bucket_rules{}.min_compression_elements;
-  /// The first `warmup_iterations` iterations send the plain fp32 mean
-  /// (PyTorch's start_powerSGD_iter). DDP rebuilds its buckets after the
-  /// first iteration: two or more lets the compressors start on the final
-  /// buckets.
-  std::uint64_t warmup_iterations = 0;
-  /// Non-finite policy and seed of every bucket (each bucket's position is
-  /// its DDP index).
-  allreducer_options reduce{};
+/// How a ddp_hook_state reduces DDP's buckets: the model-level options
+/// (compressor, small, bucket rules, warm-up, seed, non-finite policy,
+/// lanes), and the host loops' threads. Their defaults are the hook's.
+struct ddp_hook_options : model_reducer_options {
   /// Threads of the host loops (gradcomp.torch passes torch's intra-op
   /// thread count, what the user gave each rank); 0: OpenMP's default.
   int threads = 0;
+  /// Two host buckets at once: gloo moves two collectives at once faster
+  /// than one after the other (as for PyTorch's own hooks).
+  ddp_hook_options() { lanes = 2; }
 };
 
-/// Every DDP bucket's reduction: built on a bucket's first step from its
-/// parameters' shapes, and built again when DDP rebuilds its buckets (the
-/// shapes then differ). Steps are collective and run in DDP's bucket order.
+/// Every DDP bucket's reduction (see the top of this header). Steps are
+/// collective and come in DDP's bucket order on every rank.
 ///
-/// A host bucket is reduced when reduce() returns. A device bucket's step is
+/// A host bucket is reduced on a lane's thread and its future completed
+/// there, while the backward pass goes on. A device bucket's step is
 /// enqueued on the current CUDA stream (the same one in every call: the
-/// Python hook's side stream) and reduce() returns without waiting for it;
-/// a bucket's next step waits for its previous one to have finished. On the
-/// device a bad value (NaN, infinity) makes that bucket NaN on every rank,
-/// whatever `reduce.nonfinite` says (nonfinite_policy::propagate): raising
-/// would need the host to wait for the step, and DDP would meanwhile take
-/// the rank's own gradient.
+/// Python hook's side stream) and its future completed on that stream,
+/// without the host waiting; on the device a bad value (NaN, infinity) makes
+/// that bucket NaN on every rank, whatever `nonfinite` says
+/// (nonfinite_policy::propagate): raising would need the host to wait for
+/// the step, and DDP would meanwhile take the rank's own gradient.
 class ddp_hook_state {
  public:
-  using shapes = std::vector<std::vector<std::int64_t> >;
+  using shapes = std::vector<std::vector<std::int64_t>>;
 
   /// Buckets reduced over `group`: host tensors through its CPU backend
   /// (gloo), device tensors through its CUDA backend (NCCL) where `device`
-  /// is given (else they are refused). A spec the group's size cannot take
-  /// (a parameter out of range, a lane too narrow for its ranks) is refused
-  /// here.
+  /// is given (else they are refused). A spec this group cannot build is
+  /// refused here, on every rank.
   ddp_hook_state(c10::intrusive_ptr<c10d::ProcessGroup> group, ddp_hook_options options,
                  ddp_hook_device const* device = nullptr)
       : group_(std::move(group)), options_(std::move(options)), device_(device) {
     GRADCOMP_EXPECTS(group_, "gradcomp DDP hook: the process group is null");
-    for (compressor_spec const* spec : {&options_.compressor, &options_.small}) {
-      if (spec == &options_.compressor && !options_.candidates.empty())
-        continue;  // the planner leaves out what cannot run
-      std::string const failure = detail::spec_failure(*spec, group_->getSize(), [](auto) {});
-      GRADCOMP_EXPECTS(failure.empty(), "gradcomp DDP hook: '" + spec->str() + "': " + failure);
+    GRADCOMP_EXPECTS(options_.lanes >= 1,
+                     "gradcomp DDP hook: lanes must be 1 or more, not " + std::to_string(options_.lanes));
+    std::vector<compressor_spec> specs = {options_.small};
+    if (options_.compressor.is_automatic())
+      ;  // the planner leaves out what cannot run
+    else
+      specs.push_back(options_.compressor.spec());
+    for (auto const& spec : specs) {
+      std::string const failure = detail::spec_failure(spec, group_->getSize(), [](auto) {});
+      GRADCOMP_EXPECTS(failure.empty(), "gradcomp DDP hook: '" + spec.str() + "': " + failure);
     }
   }
-  // The reducers hold the communicators: the state stays where it was made.
   ddp_hook_state(ddp_hook_state const&) = delete;
   ddp_hook_state& operator=(ddp_hook_state const&) = delete;
 
-  /// Reduces bucket `index` in place to the mean over the ranks. `buffer` is
-  /// DDP's flat bucket; `params` the shapes of its parameters, in the
-  /// buffer's order. A bf16 or fp16 bucket (a 16-bit model's) is reduced in
-  /// fp32, through a copy of the bucket's own made at its first step, and
-  /// rounded back: every compressor takes it, its residuals are fp32.
-  void reduce(std::size_t index, at::Tensor const& buffer, shapes const& params) {
+  /// Reduces DDP's bucket `index` in place to the mean over the ranks:
+  /// `buffer` is its flat buffer (float32, bfloat16 or float16, reduced as
+  /// stored), holding the model's parameters `positions` (empty where
+  /// unknown) of `params`' shapes, in that order. `last`: DDP's last bucket
+  /// of the iteration. Returns the future DDP waits on, completed with
+  /// `value` (a C++ hook's: `buffer`; a Python hook's: `buffer` as a Python
+  /// object) or with the reduction's error.
+  c10::intrusive_ptr<c10::ivalue::Future> reduce(std::size_t index, at::Tensor const& buffer,
+                                                 std::vector<std::size_t> const& positions, shapes const& params,
+                                                 bool last, c10::IValue value = {}) {
     expect_bucket(buffer);
-    if (buffer.scalar_type() != at::kFloat) {
-      at::Tensor& wide = widened(index, buffer);
-      wide.copy_(buffer);
-      reduce(index, wide, params);
-      buffer.copy_(wide);
-      return;
+    std::vector<std::vector<std::size_t>> extents;
+    for (auto const& s : params) extents.emplace_back(s.begin(), s.end());
+    c10::IValue result = value.isNone() ? c10::IValue(buffer) : std::move(value);
+    c10::TypePtr const type =
+        result.isPyObject() ? c10::TypePtr(c10::PyObjectType::get()) : c10::TypePtr(c10::TensorType::get());
+    auto future = buffer.is_cuda()
+                      ? c10::make_intrusive<c10::ivalue::Future>(type, std::vector<c10::Device>{buffer.device()})
+                      : c10::make_intrusive<c10::ivalue::Future>(type);
+    with_core(buffer, [&](auto& core, auto* data) {
+      using G = std::remove_pointer_t<decltype(data)>;
+      span<G, typename std::decay_t<decltype(core)>::memory> gradient(data, static_cast<std::size_t>(buffer.numel()));
+      auto tag = std::make_unique<pending_result>(pending_result{future, std::move(result)});
+      core.submit_handed(index, gradient, positions, extents, tag.get());
+      (void)tag.release();  // complete() owns it now (and has run where the step ran at once)
+    });
+    if (last) {
+      ++iterations_;
+      for_each_core([&](auto& core) { core.set_steps(iterations_); });
     }
-    auto* data = buffer.data_ptr<float>();
-    std::size_t const n = static_cast<std::size_t>(buffer.numel());
-#if GRADCOMP_HAS_CUDA
-    if (buffer.is_cuda()) {
-      c10::cuda::CUDAGuard const on(buffer.device());
-      c10d_communicator& comm = device_communicator();
-      return reduce_in(comm, cuda_space{comm.stream()}, index, buffer, data, n, params);
-    }
-#endif
-    reduce_in(host_communicator(), host_space{options_.threads}, index, buffer, data, n, params);
+    return future;
   }
 
   /// Whether device (CUDA) buckets are reduced (a ddp_hook_device was given).
   bool reduces_device_buckets() const { return device_ != nullptr; }
-
-  /// DDP's last bucket of an iteration has been reduced.
-  void end_iteration() {
-    ++iterations_;
-    wire_bytes_ = std::exchange(last_wire_bytes_, 0);
+  /// The options.
+  ddp_hook_options const& options() const { return options_; }
+  /// The lanes host buckets are reduced on (0 before the first host bucket).
+  int lanes() {
+    int out = 0;
+    for_each_core_keyed([&](std::string const& key, auto& core) { out = key.starts_with("cpu") ? core.lanes() : out; });
+    return out;
   }
-
-  /// Iterations completed.
+  /// Iterations completed (DDP's last bucket handed over), warm-up included.
   std::uint64_t iterations() const { return iterations_; }
-  /// Bytes the last iteration's buckets put on the wire, through gradcomp
-  /// (zero while warming up: those are plain fp32 all-reduces, which do not
-  /// check for NaN either, as PyTorch's hooks do not).
-  std::size_t wire_bytes() const { return wire_bytes_; }
-  /// Bucket `index`'s compressor ("topkc<bf16>", ...); empty before it is built.
-  std::string description(std::size_t index) const {
-    auto const found = buckets_.find(index);
-    return found == buckets_.end() ? std::string() : found->second.visit([](auto& r) { return r.description(); });
+  /// Waits for every bucket handed over so far.
+  void drain() {
+    for_each_core([](auto& core) { core.drain(); });
   }
-
-  /// This rank's state: the iterations, and each bucket's checkpoint (its
-  /// residual and compressor state, gradcomp's checkpoint bytes; a loaded
-  /// one not yet applied as it was loaded).
-  std::pair<std::uint64_t, std::map<std::size_t, std::vector<std::byte> > > save() {
-    std::map<std::size_t, std::vector<std::byte> > out = pending_;  // loaded, not yet applied
-    for (auto& [index, b] : buckets_) out.insert_or_assign(index, b.visit([](auto& r) { return r.save(); }));
-    return {iterations_, std::move(out)};
+  /// Bytes the last iteration's buckets put on the wire. @note Drains.
+  std::size_t wire_bytes() {
+    drain();
+    std::size_t total = 0;
+    for_each_core([&](auto& core) { total += core.wire_bytes(); });
+    return total;
   }
-
-  /// Loads what save() wrote (on every rank, before the next step): each
-  /// bucket restores its checkpoint when it is built, a checkpoint of
-  /// another configuration or bucket failing every rank with gradcomp's
-  /// message. Buckets already built are dropped. `choices` (what choices()
-  /// said when it was saved) gives the planner's buckets their saved
-  /// compressors back, so they are not planned again.
-  void load(std::uint64_t iterations, std::map<std::size_t, std::vector<std::byte> > checkpoints,
-            std::map<std::size_t, std::string> const& choices = {}) {
-    buckets_.clear();
-    iterations_ = iterations;
-    pending_ = std::move(checkpoints);
-    choices_.clear();
-    for (auto const& [index, spec] : choices) choices_.insert_or_assign(index, compressor_spec::parse(spec));
+  /// Bucket `index`'s compressor ("topkc<bf16>", ...); empty before it is built. @note Drains.
+  std::string description(std::size_t index) {
+    drain();
+    std::string out;
+    for_each_core([&](auto& core) {
+      if (auto const* r = core.bucket(index)) out = r->description();
+    });
+    return out;
   }
-
-  /// The planner's choice of each bucket it planned (spec strings), by index;
-  /// empty without candidates.
-  std::map<std::size_t, std::string> choices() const {
+  /// The planner's choice of each bucket it planned (spec strings), by
+  /// index; empty for a fixed compressor. @note Drains.
+  std::map<std::size_t, std::string> choices() {
+    drain();
     std::map<std::size_t, std::string> out;
-    for (auto const& [index, spec] : choices_) out.emplace(index, spec.str());
+    if (!options_.compressor.is_automatic()) return out;
+    for_each_core([&](auto& core) {
+      for (std::size_t b = 0; b < core.size(); ++b)
+        if (auto const* spec = core.spec_of(b); spec && planned(core, b)) out.emplace(b, spec->str());
+    });
     return out;
   }
 
-  /// Whether a bucket of these shapes is compressed (holds a matrix and at
-  /// least min_compression_elements values) rather than given `small`.
-  bool compressed(shapes const& params, std::size_t elements) const {
-    bool matrix = false;
-    for (auto const& s : params) matrix = matrix || s.size() > 1;
-    return matrix && elements >= options_.min_compression_elements;
+  /// This rank's state: each kind of bucket's (host or device, and the
+  /// gradients' type: "cpu/float32", ...) checkpoint envelope, with every
+  /// bucket's residual, compressor state, compressor and parameters (one
+  /// loaded and not yet applied as it was loaded). @note Drains.
+  std::map<std::string, std::vector<std::byte>> save() {
+    drain();
+    std::map<std::string, std::vector<std::byte>> out = loaded_;
+    for_each_core_keyed([&](std::string const& key, auto& core) { out.insert_or_assign(key, core.save()); });
+    return out;
   }
-  /// The compressor a bucket of these shapes takes (without candidates).
-  compressor_spec const& spec_for(shapes const& params, std::size_t elements) const {
-    return compressed(params, elements) ? options_.compressor : options_.small;
+
+  /// Loads what save() wrote after `iterations` iterations, on every rank
+  /// before the next step: each kind of bucket's envelope is checked on
+  /// every rank together where its buckets exist (else when the first of
+  /// them comes), and each bucket restores its state when it is built; a
+  /// checkpoint of another configuration fails every rank with gradcomp's
+  /// message. Buckets built already are dropped. @note Collective where the
+  /// kind's buckets exist.
+  void load(std::uint64_t iterations, std::map<std::string, std::vector<std::byte>> envelopes) {
+    drain();
+    loaded_ = std::move(envelopes);
+    iterations_ = iterations;
+    for_each_core_keyed([&](std::string const& key, auto& core) {
+      core.set_steps(iterations_);
+      if (auto found = loaded_.find(key); found != loaded_.end()) {
+        core.load({found->second.data(), found->second.size()});
+        loaded_.erase(found);
+      }
+    });
   }
 
  private:
-  template <class Space>
-  using reducer = any_allreducer<c10d_communicator, Space, float>;
+  template <class Space, class G>
+  using core = model_buckets<all_reduce_delivery, c10d_communicator, Space, G>;
 
-  // A bucket's reduction, in the space of its buffer's memory.
-  struct bucket {
-    shapes params;
-    std::unique_ptr<reducer<host_space> > host;
-#if GRADCOMP_HAS_CUDA
-    std::unique_ptr<reducer<cuda_space> > device;
-#endif
-    template <class F>
-    std::invoke_result_t<F&, reducer<host_space>&> visit(F&& f) const {  // f(the reducer)
-#if GRADCOMP_HAS_CUDA
-      if (device) return f(*device);
-#endif
-      return f(*host);
-    }
-    std::unique_ptr<reducer<host_space> >& slot(host_space const&) { return host; }
-#if GRADCOMP_HAS_CUDA
-    std::unique_ptr<reducer<cuda_space> >& slot(cuda_space const&) { return device; }
-#endif
+  // A future and the value it completes with, handed to a lane as a tag.
+  struct pending_result {
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    c10::IValue value;
   };
+  static void complete(void* tag, std::exception_ptr error) {
+    std::unique_ptr<pending_result> const done(static_cast<pending_result*>(tag));
+    if (error)
+      done->future->setError(error);
+    else
+      done->future->markCompleted(std::move(done->value));
+  }
+
+  // The cores, one per kind of bucket: host or device, float, bfloat16 or half.
+  template <class Space>
+  using cores_in = std::tuple<std::unique_ptr<core<Space, float>>, std::unique_ptr<core<Space, bfloat16>>,
+                              std::unique_ptr<core<Space, half>>>;
+
+  // f("cpu/float32", ..., the core) for each core made.
+  template <class F>
+  void for_each_core_keyed(F&& f) {
+    auto each = [&](char const* where, auto& cores) {
+      std::apply(
+          [&](auto&... slot) {
+            ((slot ? f(std::string(where) + "/" + std::string(name_of(slot->gradient_dtype)), *slot) : void()), ...);
+          },
+          cores);
+    };
+    each("cpu", host_);
+#if GRADCOMP_HAS_CUDA
+    each("cuda", device_cores_);
+#endif
+  }
+  template <class F>
+  void for_each_core(F&& f) {
+    for_each_core_keyed([&](std::string const&, auto& core) { f(core); });
+  }
+
+  // f(the core of `buffer`'s kind, its data as that kind's element).
+  template <class F>
+  void with_core(at::Tensor const& buffer, F&& f) {
+    auto typed = [&](auto& cores, auto const& space, auto& comm, char const* where) {
+      switch (buffer.scalar_type()) {
+        case at::kBFloat16:
+          return f(core_of<bfloat16>(cores, space, comm, where), reinterpret_cast<bfloat16*>(buffer.data_ptr()));
+        case at::kHalf:
+          return f(core_of<half>(cores, space, comm, where), reinterpret_cast<half*>(buffer.data_ptr()));
+        default:
+          return f(core_of<float>(cores, space, comm, where), buffer.data_ptr<float>());
+      }
+    };
+#if GRADCOMP_HAS_CUDA
+    if (buffer.is_cuda()) {
+      c10::cuda::CUDAGuard const on(buffer.device());
+      c10d_communicator& comm = device_communicator();
+      return typed(device_cores_, cuda_space{comm.stream()}, comm, "cuda");
+    }
+#endif
+    typed(host_, host_space{options_.threads}, host_communicator(), "cpu");
+  }
+
+  // The kind's core, made at its first bucket (collective: every rank hands
+  // over its buckets in DDP's order), with the state loaded for it.
+  template <class G, class Space>
+  core<Space, G>& core_of(cores_in<Space>& cores, Space const& space, c10d_communicator& comm, char const* where) {
+    auto& slot = std::get<std::unique_ptr<core<Space, G>>>(cores);
+    if (slot) return *slot;
+    model_reducer_options o = options_;
+    if constexpr (!std::is_same_v<Space, host_space>)
+      o.reduce.nonfinite = nonfinite_policy::propagate;  // (see the class)
+    typename core<Space, G>::chooser choose;
+    if (options_.compressor.is_automatic())
+      choose = [this, space, o](std::size_t index, bucket_layout const& layout, c10d_communicator& lane) {
+        if (!takes_compressor(shapes_of(layout), layout.size(), o)) return o.small;
+        return plan_bucket<G>(lane, index, layout, space);
+      };
+    slot = std::make_unique<core<Space, G>>("gradcomp DDP hook", comm, std::move(o), space, maker<G>(space),
+                                            std::move(choose), &complete);
+    slot->set_steps(iterations_);
+    std::string const key = std::string(where) + "/" + std::string(name_of(dtype_of_v<G>));
+    if (auto found = loaded_.find(key); found != loaded_.end()) {
+      slot->load({found->second.data(), found->second.size()});
+      loaded_.erase(found);
+    }
+    return *slot;
+  }
+
+  template <class Core>
+  bool planned(Core const& core, std::size_t b) const {
+    auto const* r = core.bucket(b);
+    return takes_compressor(shapes_of(r->layout()), r->layout().size(), options_);
+  }
+
+  static std::vector<std::vector<std::size_t>> shapes_of(bucket_layout const& layout) {
+    std::vector<std::vector<std::size_t>> out;
+    for (auto const& t : layout.tensors()) out.push_back(t.shape);
+    return out;
+  }
+
+  // The planner's choice for bucket `index` over its lane (collective there);
+  // rank 0 prints the table.
+  template <class G, class Space>
+  compressor_spec plan_bucket(c10d_communicator& lane, std::size_t index, bucket_layout const& layout,
+                              Space const& space) {
+    planner_options planner;
+    planner.candidates = options_.compressor.candidates();
+    compression_plan plan;
+    if constexpr (std::is_same_v<Space, host_space>) plan = plan_compression<G>(lane, {layout}, space, planner);
+#if GRADCOMP_HAS_CUDA
+    else
+      plan = device_->template plan<G>()(lane, layout, space, planner);
+#endif
+    if (lane.rank() == 0) {
+      std::string const text = "gradcomp DDP hook, bucket " + std::to_string(index) + ": " + plan.table();
+      std::fputs(text.c_str(), stdout);
+      std::fflush(stdout);
+    }
+    return plan.chosen(0);
+  }
+
+  template <class G, class Space>
+  bucket_maker<any_allreducer<c10d_communicator, Space, G>, c10d_communicator, Space> maker(Space const&) const {
+    if constexpr (std::is_same_v<Space, host_space>)
+      return &make_bucket<any_allreducer<c10d_communicator, Space, G>, c10d_communicator, Space>;
+#if GRADCOMP_HAS_CUDA
+    else
+      return device_->template make<G>();
+#endif
+  }
 
   void expect_bucket(at::Tensor const& buffer) const {
     GRADCOMP_EXPECTS(buffer.device().is_cpu() || (device_ && buffer.device().is_cuda()),
@@ -232,15 +345,6 @@ class ddp_hook_state {
                      std::string("gradcomp DDP hook: bucket of ") + c10::toString(type) +
                          "; gradients must be float32, bfloat16 or float16");
     GRADCOMP_EXPECTS(buffer.is_contiguous(), "gradcomp DDP hook: bucket buffer is not contiguous");
-  }
-
-  // Bucket `index`'s fp32 copy, where its gradients are 16-bit: made at its
-  // first step (and when the bucket changes), reused after.
-  at::Tensor& widened(std::size_t index, at::Tensor const& buffer) {
-    at::Tensor& wide = widened_[index];
-    if (!wide.defined() || wide.numel() != buffer.numel() || wide.device() != buffer.device())
-      wide = at::empty({buffer.numel()}, buffer.options().dtype(at::kFloat));
-    return wide;
   }
 
   c10d_communicator& host_communicator() {
@@ -262,105 +366,18 @@ class ddp_hook_state {
   }
 #endif
 
-  template <class Space>
-  void reduce_in(c10d_communicator& comm, Space const& space, std::size_t index, at::Tensor const& buffer, float* data,
-                 std::size_t n, shapes const& params) {
-    if (iterations_ < options_.warmup_iterations) {  // (on a device, both on the current stream)
-      comm.all_reduce(data, data, n, reduce_op::sum);
-      buffer.div_(static_cast<double>(comm.size()));
-      return;
-    }
-    auto& r = bucket_for(comm, space, index, params, n);
-    r(span<float, typename Space::memory>(data, n));
-    last_wire_bytes_ += r.wire_bytes();
-  }
-
-  template <class Space>
-  reducer<Space>& bucket_for(c10d_communicator& comm, Space const& space, std::size_t index, shapes const& params,
-                             std::size_t elements) {
-    auto found = buckets_.find(index);
-    if (found != buckets_.end() && found->second.params == params && found->second.slot(space))
-      return *found->second.slot(space);
-    bucket_layout layout;
-    for (auto const& s : params) {
-      std::vector<std::size_t> extents;
-      for (std::int64_t e : s) extents.push_back(static_cast<std::size_t>(e));
-      layout.add(std::move(extents));
-    }
-    GRADCOMP_EXPECTS(layout.size() == elements, "gradcomp DDP hook: bucket " + std::to_string(index) + " holds " +
-                                                    std::to_string(elements) + " values but its parameters " +
-                                                    std::to_string(layout.size()));
-    allreducer_options o = options_.reduce;
-    o.bucket = index;
-    compressor_spec const spec = options_.candidates.empty() || !compressed(params, elements)
-                                     ? spec_for(params, elements)
-                                     : choose(comm, space, index, layout, found != buckets_.end());
-    bucket b;
-    b.params = params;
-    auto& r = b.slot(space);
-    r = build_reducer(spec, comm, std::move(layout), space, o);
-    if (auto const saved = pending_.find(index); saved != pending_.end()) {
-      auto const bytes = std::move(saved->second);
-      pending_.erase(saved);
-      r->restore(span<std::byte const>(bytes.data(), bytes.size()));
-    }
-    return *buckets_.insert_or_assign(index, std::move(b)).first->second.slot(space);
-  }
-
-  // The planner's choice for bucket `index`: the saved one where a loaded
-  // state has it and the bucket is not rebuilt, else planned over the group
-  // (collective: every rank builds its buckets in DDP's order).
-  template <class Space>
-  compressor_spec choose(c10d_communicator& comm, Space const& space, std::size_t index, bucket_layout const& layout,
-                         bool rebuilt) {
-    if (auto const saved = choices_.find(index); saved != choices_.end() && !rebuilt) return saved->second;
-    planner_options planner;
-    planner.candidates = options_.candidates;
-    compression_plan const plan = plan_bucket(comm, layout, space, planner);
-    if (comm.rank() == 0) {
-      std::string const text = "gradcomp DDP hook, bucket " + std::to_string(index) + ": " + plan.table();
-      std::fputs(text.c_str(), stdout);
-      std::fflush(stdout);
-    }
-    return choices_.insert_or_assign(index, plan.chosen(0)).first->second;
-  }
-
-  std::unique_ptr<reducer<host_space> > build_reducer(compressor_spec const& spec, c10d_communicator& comm,
-                                                      bucket_layout layout, host_space const& space,
-                                                      allreducer_options const& o) {
-    return std::make_unique<reducer<host_space> >(spec, comm, std::move(layout), space, o);
-  }
-  compression_plan plan_bucket(c10d_communicator& comm, bucket_layout const& layout, host_space const& space,
-                               planner_options const& o) {
-    return plan_compression<float>(comm, {layout}, space, o);
-  }
-#if GRADCOMP_HAS_CUDA
-  std::unique_ptr<reducer<cuda_space> > build_reducer(compressor_spec const& spec, c10d_communicator& comm,
-                                                      bucket_layout layout, cuda_space const& space,
-                                                      allreducer_options o) {
-    o.nonfinite = nonfinite_policy::propagate;  // (see the class comment)
-    return device_->make(spec, comm, std::move(layout), space, o);
-  }
-  compression_plan plan_bucket(c10d_communicator& comm, bucket_layout const& layout, cuda_space const& space,
-                               planner_options const& o) {
-    return device_->plan(comm, layout, space, o);
-  }
-#endif
-
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  ddp_hook_options options_;
+  ddp_hook_device const* device_ = nullptr;
+  std::uint64_t iterations_ = 0;
+  std::map<std::string, std::vector<std::byte>> loaded_;  // envelopes of cores not made yet
+  // The communicators before the cores that use them (destroyed after).
   std::optional<c10d_communicator> host_comm_;  // built at the first host bucket (a NCCL group has no CPU backend)
 #if GRADCOMP_HAS_CUDA
   std::optional<c10d_communicator> device_comm_;  // built at the first device bucket
+  cores_in<cuda_space> device_cores_;
 #endif
-  ddp_hook_options options_;
-  ddp_hook_device const* device_ = nullptr;
-  std::map<std::size_t, compressor_spec> choices_;
-  std::map<std::size_t, bucket> buckets_;
-  std::map<std::size_t, std::vector<std::byte> > pending_;
-  std::map<std::size_t, at::Tensor> widened_;  // 16-bit buckets' fp32 copies
-  std::uint64_t iterations_ = 0;
-  std::size_t wire_bytes_ = 0;
-  std::size_t last_wire_bytes_ = 0;
+  cores_in<host_space> host_;
 };
 
 }  // namespace gradcomp

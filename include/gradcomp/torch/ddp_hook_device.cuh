@@ -16,15 +16,25 @@
 
 namespace gradcomp::inline GRADCOMP_ABI {
 
+namespace detail {
+template <class G>
+compression_plan plan_device_bucket(c10d_communicator& comm, bucket_layout const& layout, cuda_space const& space,
+                                    planner_options const& options) {
+  return plan_compression<G>(comm, {layout}, space, options);
+}
+}  // namespace detail
+
 /// Device buckets' reducers and plans, on the CUDA space.
 inline ddp_hook_device const& cuda_ddp_hook_device() {
-  static constexpr ddp_hook_device device{
-      [](compressor_spec const& spec, c10d_communicator& comm, bucket_layout layout, cuda_space const& space,
-         allreducer_options const& options) {
-        return std::make_unique<ddp_hook_device::reducer>(spec, comm, std::move(layout), space, options);
-      },
-      [](c10d_communicator& comm, bucket_layout const& layout, cuda_space const& space,
-         planner_options const& options) { return plan_compression<float>(comm, {layout}, space, options); }};
+  using R32 = any_allreducer<c10d_communicator, cuda_space, float>;
+  using R16b = any_allreducer<c10d_communicator, cuda_space, bfloat16>;
+  using R16h = any_allreducer<c10d_communicator, cuda_space, half>;
+  static constexpr ddp_hook_device device{&make_bucket<R32, c10d_communicator, cuda_space>,
+                                          &make_bucket<R16b, c10d_communicator, cuda_space>,
+                                          &make_bucket<R16h, c10d_communicator, cuda_space>,
+                                          &detail::plan_device_bucket<float>,
+                                          &detail::plan_device_bucket<bfloat16>,
+                                          &detail::plan_device_bucket<half>};
   return device;
 }
 

@@ -16,6 +16,7 @@
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstddef>
@@ -27,6 +28,91 @@ namespace gradcomp::inline GRADCOMP_ABI::python {
 
 namespace py = pybind11;
 
+namespace detail {
+
+inline py::bytes to_bytes(std::vector<std::byte> const& b) {
+  return {reinterpret_cast<char const*>(b.data()), b.size()};
+}
+inline std::vector<std::byte> from_bytes(py::bytes const& b) {
+  std::string const s = b;
+  auto const* first = reinterpret_cast<std::byte const*>(s.data());
+  return {first, first + s.size()};
+}
+
+// The hook's options, each once: its Python name, its meaning, and how it
+// reads and writes the C++ field (the defaults are the C++ struct's).
+inline void define_options(py::module_& m) {
+  using o = ddp_hook_options;
+  py::class_<o> c(m, "Options",
+                  "How gradcomp's DDP hook reduces DDP's buckets; every field's default is the hook's (see "
+                  "gradcomp.torch.register).");
+  c.def(py::init<>());
+  c.def_property(
+      "compressor", [](o const& x) { return x.compressor.str(); },
+      [](o& x, std::string const& v) { x.compressor = compressor_choice::parse(v); },
+      "The compressor of buckets that take one (a matrix and min_compression_elements values): a spec, or "
+      "'auto' / 'auto:of=A+B' for the planner's choice per bucket.");
+  c.def_property(
+      "small", [](o const& x) { return x.small.str(); },
+      [](o& x, std::string const& v) { x.small = compressor_spec::parse(v); },
+      "The compressor of the other buckets (bf16: PyTorch's min_compression_rate).");
+  c.def_readwrite("min_compression_elements", &o::min_compression_elements, "Buckets of fewer values take `small`.");
+  c.def_readwrite("vectors_uncompressed", &o::vectors_uncompressed,
+                  "Buckets of 1-D tensors only (biases, norms) take `small`.");
+  c.def_property(
+      "warmup", [](o const& x) { return x.reduce.warmup_steps; },
+      [](o& x, std::uint64_t v) { x.reduce.warmup_steps = v; },
+      "The first iterations send the plain fp32 mean (PyTorch's start_powerSGD_iter); two or more let the "
+      "compressors start on DDP's rebuilt buckets.");
+  c.def_property(
+      "seed", [](o const& x) { return x.reduce.seed; }, [](o& x, std::optional<std::uint64_t> v) { x.reduce.seed = v; },
+      "Seeds every bucket's random streams (None: each bucket's own, from its layout and index).");
+  c.def_property(
+      "nonfinite",
+      [](o const& x) { return std::string(x.reduce.nonfinite == nonfinite_policy::raise ? "raise" : "propagate"); },
+      [](o& x, std::string const& v) {
+        GRADCOMP_EXPECTS(v == "raise" || v == "propagate", "nonfinite must be 'raise' or 'propagate', not '" + v + "'");
+        x.reduce.nonfinite = v == "raise" ? nonfinite_policy::raise : nonfinite_policy::propagate;
+      },
+      "What a NaN or infinity does: 'raise' (every rank raises NonfiniteError) or 'propagate' (the bucket is NaN "
+      "on every rank). CUDA buckets always propagate: raising would need the host to wait.");
+  c.def_property(
+      "lanes", [](o const& x) { return x.lanes; },
+      [](o& x, int v) {
+        GRADCOMP_EXPECTS(v >= 1, "lanes must be 1 or more, not " + std::to_string(v));
+        x.lanes = v;
+      },
+      "Host buckets reduced at once, each lane on a thread and a group of its own split from the process group; "
+      "the results are the same for any number.");
+  c.def_readwrite("threads", &o::threads, "Threads of the host loops (0: OpenMP's default).");
+  c.def("__repr__", [](o const& x) {
+    return "Options(compressor='" + x.compressor.str() + "', small='" + x.small.str() +
+           "', min_compression_elements=" + std::to_string(x.min_compression_elements) +
+           ", warmup=" + std::to_string(x.reduce.warmup_steps) + ", lanes=" + std::to_string(x.lanes) + ")";
+  });
+  c.def(py::pickle(
+      [](o const& x) {
+        return py::make_tuple(x.compressor.str(), x.small.str(), x.min_compression_elements, x.vectors_uncompressed,
+                              x.reduce.warmup_steps, x.reduce.seed, static_cast<int>(x.reduce.nonfinite), x.lanes,
+                              x.threads);
+      },
+      [](py::tuple const& t) {
+        o x;
+        x.compressor = compressor_choice::parse(t[0].cast<std::string>());
+        x.small = compressor_spec::parse(t[1].cast<std::string>());
+        x.min_compression_elements = t[2].cast<std::size_t>();
+        x.vectors_uncompressed = t[3].cast<bool>();
+        x.reduce.warmup_steps = t[4].cast<std::uint64_t>();
+        x.reduce.seed = t[5].cast<std::optional<std::uint64_t>>();
+        x.reduce.nonfinite = static_cast<nonfinite_policy>(t[6].cast<int>());
+        x.lanes = t[7].cast<int>();
+        x.threads = t[8].cast<int>();
+        return x;
+      }));
+}
+
+}  // namespace detail
+
 /// Adds gradcomp's classes and functions to `m`; its DDP hook states reduce
 /// device buckets where `device` is given (see ddp_hook_device.cuh).
 inline void define(py::module_& m, ddp_hook_device const* device = nullptr) {
@@ -35,26 +121,31 @@ inline void define(py::module_& m, ddp_hook_device const* device = nullptr) {
   m.def(
       "compressors",
       [] {
-        std::vector<std::string> out;
-        for_each_registered([&]<class C>(std::type_identity<C>) { out.emplace_back(C::name); });
+        py::dict out;  // (in the registry's order)
+        for_each_registered([&]<class C>(std::type_identity<C>) {
+          py::dict keys;
+          for_each_parameter<C>([&](auto const& p) {
+            keys[py::str(std::string(p.key))] = std::string(p.meaning) + " (" + std::string(p.range) + ")";
+          });
+          if (C::integer_lane)
+            keys["lane"] = "the integer lane (auto: the narrowest n ranks cannot overflow, int8, int32)";
+          keys["ef"] =
+              std::string("error feedback (on, off; ") + (C::error_feedback_by_default ? "on" : "off") + " by default)";
+          out[py::str(std::string(C::name))] = keys;
+        });
         return out;
       },
-      "The registered compressors' names, as a spec names them.");
+      "The registered compressors by the name a spec gives them, each with the keys its spec takes and what each "
+      "means.");
   m.def(
       "shards",
       [](std::string const& text) {
-        return detail::spec_failure(compressor_spec::parse(text), 2, detail::refuse_unshardable).empty();
+        return gradcomp::detail::spec_failure(compressor_spec::parse(text), 2, gradcomp::detail::refuse_unshardable)
+            .empty();
       },
       py::arg("spec"), "Whether the compressor a spec names can reduce-scatter (FSDP: gradcomp.torch.ReduceScatter).");
   m.def(
-      "parse_spec",
-      [](std::string const& text) {
-        if (!is_auto_spec(text)) return compressor_spec::parse(text).str();
-        std::string out = "auto:of=";
-        for (auto const& c : auto_candidates(text)) out += (out.back() == '=' ? "" : "+") + c.str();
-        return out;
-      },
-      py::arg("spec"),
+      "parse_spec", [](std::string const& text) { return compressor_choice::parse(text).str(); }, py::arg("spec"),
       "Checks a compressor spec (or 'auto:of=A+B', the planner's choice among A and B) and returns it in its "
       "canonical form; raises ValueError naming what is wrong.");
 
@@ -64,79 +155,74 @@ inline void define(py::module_& m, ddp_hook_device const* device = nullptr) {
   py::register_exception<collective_error>(m, "CollectiveError", PyExc_RuntimeError);
   py::register_exception<nonfinite_error>(m, "NonfiniteError", PyExc_ArithmeticError);
 
+  detail::define_options(m);
+
   py::class_<ddp_hook_state>(m, "HookState", "Every DDP bucket's gradcomp reduction (see gradcomp.torch.register).")
-      .def(py::init([device](c10::intrusive_ptr<c10d::ProcessGroup> group, std::string const& compressor,
-                             std::string const& small, std::size_t min_compression_elements, std::uint64_t warmup,
-                             std::optional<std::uint64_t> seed, std::string const& nonfinite, int threads) {
-             ddp_hook_options o;
-             if (is_auto_spec(compressor)) {
-               o.candidates = auto_candidates(compressor);
-               o.compressor = o.candidates.front();
-             } else {
-               o.compressor = compressor_spec::parse(compressor);
-             }
-             o.small = compressor_spec::parse(small);
-             o.min_compression_elements = min_compression_elements;
-             o.warmup_iterations = warmup;
-             o.reduce.seed = seed;
-             o.threads = threads;
-             GRADCOMP_EXPECTS(nonfinite == "raise" || nonfinite == "propagate",
-                              "nonfinite must be 'raise' or 'propagate', not '" + nonfinite + "'");
-             o.reduce.nonfinite = nonfinite == "raise" ? nonfinite_policy::raise : nonfinite_policy::propagate;
-             return std::make_unique<ddp_hook_state>(std::move(group), std::move(o), device);
+      .def(py::init([device](c10::intrusive_ptr<c10d::ProcessGroup> group, ddp_hook_options const& options) {
+             return std::make_unique<ddp_hook_state>(std::move(group), options, device);
            }),
-           py::arg("group"), py::arg("compressor"), py::arg("small"), py::arg("min_compression_elements"),
-           py::arg("warmup"), py::arg("seed"), py::arg("nonfinite"), py::arg("threads"))
+           py::arg("group"), py::arg("options"))
       .def(
           "reduce",
-          [](ddp_hook_state& s, std::size_t index, at::Tensor const& buffer, ddp_hook_state::shapes const& params) {
-            py::gil_scoped_release release;
-            s.reduce(index, buffer, params);
+          [](ddp_hook_state& s, std::size_t index, at::Tensor const& buffer, std::vector<std::size_t> const& positions,
+             ddp_hook_state::shapes const& params, bool last) {
+            // A Python hook's future holds a Python object (DDP's PythonCommHook
+            // reads it so): the buffer, wrapped here, where the GIL is held.
+            c10::IValue value = torch::jit::toIValue(py::cast(buffer), c10::PyObjectType::get());
+            c10::intrusive_ptr<c10::ivalue::Future> future;
+            {
+              py::gil_scoped_release release;
+              future = s.reduce(index, buffer, positions, params, last, std::move(value));
+            }
+            return torch::jit::toPyObject(c10::IValue(std::move(future)));
           },
-          py::arg("index"), py::arg("buffer"), py::arg("shapes"),
-          "Reduces DDP bucket `index` in place to the mean over the ranks (collective; releases the GIL).")
-      .def("end_iteration", &ddp_hook_state::end_iteration)
+          py::arg("index"), py::arg("buffer"), py::arg("positions"), py::arg("shapes"), py::arg("last"),
+          "Reduces DDP bucket `index` in place to the mean over the ranks; returns the torch.futures.Future DDP "
+          "waits on (collective).")
+      .def_property_readonly(
+          "options", [](ddp_hook_state const& s) { return s.options(); }, "A copy of its options.")
       .def_property_readonly("iterations", &ddp_hook_state::iterations)
-      .def_property_readonly("wire_bytes", &ddp_hook_state::wire_bytes)
-      .def("description", &ddp_hook_state::description, py::arg("index"))
-      .def("choices", &ddp_hook_state::choices, "The planner's choice of each bucket it planned, by index.")
+      .def_property_readonly("lanes", &ddp_hook_state::lanes,
+                             "The lanes host buckets are reduced on (0 before the first host bucket).")
+      .def_property_readonly("wire_bytes",
+                             [](ddp_hook_state& s) {
+                               py::gil_scoped_release release;
+                               return s.wire_bytes();
+                             })
+      .def(
+          "description",
+          [](ddp_hook_state& s, std::size_t index) {
+            py::gil_scoped_release release;
+            return s.description(index);
+          },
+          py::arg("index"))
+      .def(
+          "choices",
+          [](ddp_hook_state& s) {
+            py::gil_scoped_release release;
+            return s.choices();
+          },
+          "The planner's choice of each bucket it planned, by index.")
       .def("save",
            [](ddp_hook_state& s) {
-             std::map<std::size_t, std::vector<std::byte>> buckets;
-             std::uint64_t iterations = 0;
+             std::map<std::string, std::vector<std::byte>> saved;
              {
                py::gil_scoped_release release;
-               std::tie(iterations, buckets) = s.save();
+               saved = s.save();
              }
              py::dict out;
-             for (auto const& [index, bytes] : buckets)
-               out[py::int_(index)] = py::bytes(reinterpret_cast<char const*>(bytes.data()), bytes.size());
-             return py::make_tuple(iterations, out);
+             for (auto const& [key, bytes] : saved) out[py::str(key)] = detail::to_bytes(bytes);
+             return out;
            })
       .def(
           "load",
-          [](ddp_hook_state& s, std::uint64_t iterations, py::dict const& buckets,
-             std::map<std::size_t, std::string> const& choices) {
-            std::map<std::size_t, std::vector<std::byte>> in;
-            for (auto const& [key, value] : buckets) {
-              std::string const bytes = py::cast<std::string>(value);
-              auto const* first = reinterpret_cast<std::byte const*>(bytes.data());
-              in.emplace(py::cast<std::size_t>(key), std::vector<std::byte>(first, first + bytes.size()));
-            }
-            s.load(iterations, std::move(in), choices);
+          [](ddp_hook_state& s, std::uint64_t iterations, std::map<std::string, py::bytes> const& envelopes) {
+            std::map<std::string, std::vector<std::byte>> in;
+            for (auto const& [key, bytes] : envelopes) in.emplace(key, detail::from_bytes(bytes));
+            py::gil_scoped_release release;
+            s.load(iterations, std::move(in));
           },
-          py::arg("iterations"), py::arg("buckets"), py::arg("choices"));
-
-  m.def(
-      "lane_group",
-      [](c10::intrusive_ptr<c10d::ProcessGroup> const& group) {
-        py::gil_scoped_release release;
-        c10::intrusive_ptr<c10d::ProcessGroup> lane = c10d_communicator(group).split(0, group->getRank()).group();
-        return lane;
-      },
-      py::arg("group"),
-      "A group of the same ranks as `group`, split from its host backend (its timeout too): one more lane of the "
-      "DDP hook's host buckets. Collective over `group`.");
+          py::arg("iterations"), py::arg("envelopes"));
 
   py::class_<fsdp_reduce_scatter>(m, "ReduceScatterState",
                                   "One FSDP module's gradcomp reduce-scatter (see gradcomp.torch.ReduceScatter).")

@@ -91,7 +91,8 @@ struct cast {
 
   /// Spec: no keys. Unbiased, so no error feedback unless asked for (as
   /// PyTorch's fp16 and bf16 hooks).
-  static constexpr std::string_view spec_keys = "";
+  static constexpr std::tuple<> parameters{};  // none beyond the wire type
+  static constexpr bool integer_lane = false;
   static constexpr bool error_feedback_by_default = false;
   /// make(the baseline).
   template <class Spec, class Make>

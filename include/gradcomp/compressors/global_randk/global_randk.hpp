@@ -111,26 +111,26 @@ struct global_randk {
 
   /// Spec: k, bits, lane. Automatic lane: int8 while bits <= 7 and
   /// n x (2^bits - 1) fits in 127, else int32.
-  static constexpr std::string_view spec_keys = "k bits lane";
+  static constexpr bool integer_lane = true;
   /// Its QSGD stage is no contraction at the default k and bits (see
   /// error_bound), so no error feedback unless asked for.
   static constexpr bool error_feedback_by_default = false;
   /// make(the compressor the spec sets, in its lane for `ranks` ranks).
   template <class Spec, class Make>
   static decltype(auto) from_spec(Spec const& s, int ranks, Make&& make) {
-    auto build = [&](auto c) {
-      detail::set_if(s.k, c.k);
-      detail::set_if(s.bits, c.bits);
-      return c;
-    };
-    auto const narrow = build(global_randk<std::int8_t>{});
+    auto const narrow = with_parameters<global_randk<std::int8_t>>(s);
     if (detail::narrow_lane(s.lane, detail::code_bits_fit<std::int8_t>(ranks, narrow.bits))) return make(narrow);
-    return make(build(global_randk<std::int32_t>{}));
+    return make(with_parameters<global_randk<std::int32_t>>(s));
   }
 
   std::size_t k = 10000;                ///< Coordinates sent per step (an empty bucket sends none).
   int bits = 4;                         ///< s = 2^bits - 1 levels per sign.
   std::optional<std::uint64_t> seed{};  ///< Seeds the coordinates and the noise; unset: the bucket's own.
+
+  /// What a spec sets (pipeline/registration.hpp).
+  static constexpr auto parameters = std::tuple{
+      parameter{"bits", &global_randk::bits, "s = 2^bits - 1 levels per sign", "1 to 7 (int8), 1 to 24 (int32)"},
+      parameter{"k", &global_randk::k, "coordinates every rank sends per step", "1 to the bucket's size"}};
 
   /// s.
   std::int64_t levels() const { return (std::int64_t{1} << bits) - 1; }

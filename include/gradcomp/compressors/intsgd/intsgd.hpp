@@ -150,7 +150,8 @@ struct intsgd {
 
   /// Spec: lane. Automatic lane: int8 while each of n ranks keeps at least
   /// the integers -7..7 (n <= 18), else int32.
-  static constexpr std::string_view spec_keys = "lane";
+  static constexpr std::tuple<> parameters{};  // (its lane only)
+  static constexpr bool integer_lane = true;
   static constexpr bool error_feedback_by_default = true;
   /// make(the compressor in its lane for `ranks` ranks).
   template <class Spec, class Make>

@@ -110,14 +110,12 @@ struct powersgd {
   static constexpr shard_kind sharding = shard_kind::tensors;
 
   /// Spec: matrix_rank.
-  static constexpr std::string_view spec_keys = "matrix_rank";
+  static constexpr bool integer_lane = false;
   static constexpr bool error_feedback_by_default = true;
   /// make(the compressor the spec sets).
   template <class Spec, class Make>
   static decltype(auto) from_spec(Spec const& s, int, Make&& make) {
-    powersgd c;
-    detail::set_if(s.matrix_rank, c.matrix_rank);
-    return make(c);
+    return make(with_parameters<powersgd>(s));
   }
 
   std::size_t matrix_rank = 1;             ///< r (PyTorch: matrix_approximation_rank).
@@ -125,6 +123,10 @@ struct powersgd {
   bool warm_start = true;                  ///< Reuse last step's Q.
   float orthogonalization_epsilon = 0.0f;  ///< Added to column norms in Gram-Schmidt.
   std::optional<std::uint64_t> seed{};     ///< Seeds the initial Q; unset: the bucket's own.
+
+  /// What a spec sets (pipeline/registration.hpp).
+  static constexpr auto parameters = std::tuple{
+      parameter{"matrix_rank", &powersgd::matrix_rank, "r, the rank of each matrix's approximation", "1 or more"}};
 
   /// What PowerSGD needs per space beyond its workspace (a cuBLAS handle on CUDA).
   template <class Space>

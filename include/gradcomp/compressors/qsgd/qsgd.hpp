@@ -81,21 +81,22 @@ struct qsgd {
   /// Spec: bits, lane. Automatic lane: int8 while bits <= 7 and
   /// n x (2^bits - 1) fits in 127, else int32. Unbiased, so no error
   /// feedback unless asked for.
-  static constexpr std::string_view spec_keys = "bits lane";
+  static constexpr bool integer_lane = true;
   static constexpr bool error_feedback_by_default = false;
   /// make(the compressor the spec sets, in its lane for `ranks` ranks).
   template <class Spec, class Make>
   static decltype(auto) from_spec(Spec const& s, int ranks, Make&& make) {
-    qsgd<std::int8_t> narrow;
-    detail::set_if(s.bits, narrow.bits);
+    auto const narrow = with_parameters<qsgd<std::int8_t>>(s);
     if (detail::narrow_lane(s.lane, detail::code_bits_fit<std::int8_t>(ranks, narrow.bits))) return make(narrow);
-    qsgd<std::int32_t> wide;
-    detail::set_if(s.bits, wide.bits);
-    return make(wide);
+    return make(with_parameters<qsgd<std::int32_t>>(s));
   }
 
   int bits = 4;                         ///< s = 2^bits - 1 levels per sign.
   std::optional<std::uint64_t> seed{};  ///< Seeds the rounding noise; unset: the bucket's own.
+
+  /// What a spec sets (pipeline/registration.hpp).
+  static constexpr auto parameters =
+      std::tuple{parameter{"bits", &qsgd::bits, "s = 2^bits - 1 levels per sign", "1 to 7 (int8), 1 to 24 (int32)"}};
 
   /// s.
   std::int64_t levels() const { return (std::int64_t{1} << bits) - 1; }

@@ -189,7 +189,8 @@ struct qsgd_multiscale {
   std::size_t shard_alignment() const { return 1; }
 
   /// Spec: no keys.
-  static constexpr std::string_view spec_keys = "";
+  static constexpr std::tuple<> parameters{};  // (its scales are set in code)
+  static constexpr bool integer_lane = false;
   static constexpr bool error_feedback_by_default = true;
   /// make(the compressor).
   template <class Spec, class Make>

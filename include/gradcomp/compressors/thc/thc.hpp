@@ -83,22 +83,16 @@ struct thc {
 
   /// Spec: bits, block, stages, lane. Automatic lane: uint8 while n x the
   /// top level fits in 255, else int32.
-  static constexpr std::string_view spec_keys = "bits block stages lane";
+  static constexpr bool integer_lane = true;
   static constexpr bool error_feedback_by_default = true;
   /// make(the compressor the spec sets, in its lane for `ranks` ranks).
   template <class Spec, class Make>
   static decltype(auto) from_spec(Spec const& s, int ranks, Make&& make) {
-    auto build = [&](auto c) {
-      detail::set_if(s.bits, c.bits);
-      detail::set_if(s.block, c.block);
-      detail::set_if(s.stages, c.stages);
-      return c;
-    };
-    auto const narrow = build(thc<std::uint8_t>{});
+    auto const narrow = with_parameters<thc<std::uint8_t>>(s);
     bool const valid = narrow.quantizer == thc_quantizer::table || (narrow.bits >= 1 && narrow.bits <= 16);
     bool const fits = valid && static_cast<std::int64_t>(ranks) * static_cast<std::int64_t>(narrow.top()) <= 255;
     if (detail::narrow_lane(s.lane, fits)) return make(narrow);
-    return make(build(thc<std::int32_t>{}));
+    return make(with_parameters<thc<std::int32_t>>(s));
   }
 
   std::size_t block = 1024;      ///< B, the rotation block: a power of two up to 4096.
@@ -109,6 +103,12 @@ struct thc {
   double overflow = 32;                              ///< o: the clamp T = Phi^-1(1 - 1/(2o)) (o = 32: T = 2.15387).
   float clamp = 0;                                   ///< T itself, when > 0 (overrides `overflow`).
   std::optional<std::uint64_t> seed{};               ///< Seeds the signs and the rounding; unset: the bucket's own.
+
+  /// What a spec sets (pipeline/registration.hpp).
+  static constexpr auto parameters =
+      std::tuple{parameter{"bits", &thc::bits, "2^bits uniform levels", "1 to 16"},
+                 parameter{"block", &thc::block, "B, the rotation block", "a power of two, 2 to 4096"},
+                 parameter{"stages", &thc::stages, "butterfly stages of the rotation", "0 to log2(B); -1: log2(B)"}};
 
   /// Stages applied.
   int stage_count() const { return stages < 0 ? std::countr_zero(block) : stages; }

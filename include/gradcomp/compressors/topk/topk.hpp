@@ -138,14 +138,12 @@ struct topk {
   static constexpr shard_kind sharding = shard_kind::none;
 
   /// Spec: fraction (of elements).
-  static constexpr std::string_view spec_keys = "fraction";
+  static constexpr bool integer_lane = false;
   static constexpr bool error_feedback_by_default = true;
   /// make(the compressor the spec sets).
   template <class Spec, class Make>
   static decltype(auto) from_spec(Spec const& s, int, Make&& make) {
-    topk c;
-    detail::set_if(s.fraction, c.fraction);
-    return make(c);
+    return make(with_parameters<topk>(s));
   }
 
   /// `k` value meaning "k = ceil(fraction * d)".
@@ -153,6 +151,10 @@ struct topk {
 
   double fraction = 0.01;         ///< Share of elements sent, in (0, 1], when `k` is from_fraction.
   std::size_t k = from_fraction;  ///< Elements sent per rank (0 sends nothing).
+
+  /// What a spec sets (pipeline/registration.hpp).
+  static constexpr auto parameters =
+      std::tuple{parameter{"fraction", &topk::fraction, "share of the elements each rank sends", "(0, 1]"}};
 
   /// k for a bucket of d elements.
   std::size_t kept(std::size_t d) const {

@@ -237,15 +237,12 @@ struct topkc {
   std::size_t shard_alignment() const { return chunk_size; }
 
   /// Spec: fraction (of chunks), chunk_size.
-  static constexpr std::string_view spec_keys = "fraction chunk_size";
+  static constexpr bool integer_lane = false;
   static constexpr bool error_feedback_by_default = true;
   /// make(the compressor the spec sets).
   template <class Spec, class Make>
   static decltype(auto) from_spec(Spec const& s, int, Make&& make) {
-    topkc c;
-    detail::set_if(s.fraction, c.fraction);
-    detail::set_if(s.chunk_size, c.chunk_size);
-    return make(c);
+    return make(with_parameters<topkc>(s));
   }
 
   /// `chunks` value meaning "K = ceil(fraction * m)".
@@ -266,6 +263,11 @@ struct topkc {
   /// all-gather of 8 bytes per rank); ranks that differ all get
   /// collective_error (on the CUDA space at the next call).
   bool verify_selection = false;
+
+  /// What a spec sets (pipeline/registration.hpp).
+  static constexpr auto parameters =
+      std::tuple{parameter{"fraction", &topkc::fraction, "share of the chunks kept", "(0, 1]"},
+                 parameter{"chunk_size", &topkc::chunk_size, "C, values per chunk", "a power of two up to 2^30"}};
 
   /// m = ceil(d / C), the number of chunks of a bucket of d elements.
   std::size_t chunk_count(std::size_t d) const { return d / chunk_size + (d % chunk_size != 0); }

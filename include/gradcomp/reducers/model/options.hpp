@@ -1,9 +1,10 @@
-// What a model_reducer is told (model_reducer_options) and what it reports
-// of a step (bucket_event).
+// What a model-level reducer is told (model_reducer_options) and what it
+// reports of a step (bucket_event).
 #pragma once
 
+#include <gradcomp/compressors/choice.hpp>
 #include <gradcomp/compressors/registry.hpp>
-#include <gradcomp/reducers/bucket_plan.hpp>
+#include <gradcomp/reducers/model/bucket_rules.hpp>
 #include <gradcomp/reducers/options.hpp>
 
 #include <cstddef>
@@ -11,11 +12,14 @@
 
 namespace gradcomp::inline GRADCOMP_ABI {
 
-/// How a model_reducer packs (bucket_rules: plan_buckets) and reduces a
+/// How a model-level reducer (model_reducer, model_reduce_scatterer, the DDP
+/// hook) packs (bucket_rules: plan_buckets, takes_compressor) and reduces a
 /// model's gradients.
 struct model_reducer_options : bucket_rules {
-  /// The compressor of large buckets of matrices.
-  compressor_spec compressor{};
+  /// The compressor of large buckets of matrices (takes_compressor): a spec,
+  /// or `auto` with candidates, which choose_compressors (or the DDP hook's
+  /// planner, bucket by bucket) resolves into `compressors`.
+  compressor_choice compressor{};
   /// Where not empty, the compressor of each large bucket of matrices, in
   /// the order plan_buckets gives them (the planner's choices:
   /// choose_compressors), instead of `compressor`.
@@ -32,6 +36,13 @@ struct model_reducer_options : bucket_rules {
   /// reduced inside the mark_ready call that completes it. (On CUDA the
   /// reductions are enqueued on the collective's stream either way.)
   bool overlap = true;
+  /// Host collectives: how many buckets are reduced at once, each lane over
+  /// its own split of the group (the collective must then be splittable),
+  /// bucket b on lane b mod lanes on every rank, so the results are bitwise
+  /// the same for any number. gloo and TCP move two messages at once faster
+  /// than one after the other. (On CUDA, one lane: the reductions are
+  /// enqueued on the collective's stream.)
+  int lanes = 1;
   /// Hierarchical reducers (built from node_groups): reduce-scatter inside the
   /// node in bf16 rather than fp32.
   bool bf16_within_node = false;

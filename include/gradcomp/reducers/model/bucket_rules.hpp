@@ -1,6 +1,8 @@
-// How a model's parameters are packed into buckets: a free function, as
-// DDP's compute_bucket_assignment_by_size, so the rule can be read and tested
-// apart from the reducer that follows it.
+// How a model's parameters are packed into buckets, and which buckets take
+// the compressor: free functions, as DDP's compute_bucket_assignment_by_size,
+// so the rules can be read and tested apart from the reducers that follow
+// them. Every model-level entry point (model_reducer, its reduce-scatter
+// twin, the DDP hook) calls these.
 #pragma once
 
 #include <gradcomp/detail/checked.hpp>
@@ -9,16 +11,20 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <utility>
 #include <vector>
 
 namespace gradcomp::inline GRADCOMP_ABI {
 
-/// The rules plan_buckets follows (model_reducer_options holds them).
+/// The rules plan_buckets and takes_compressor follow (model_reducer_options
+/// holds them).
 struct bucket_rules {
   /// Buckets of fewer elements take the `small` compressor.
   std::size_t min_compression_elements = std::size_t{1} << 16;
-  /// 1-D tensors (biases, norms) go in buckets of their own, which take `small`.
+  /// 1-D tensors (biases, norms) go in buckets of their own, which take
+  /// `small`; a bucket made elsewhere (DDP's) takes the compressor only if it
+  /// holds a matrix.
   bool vectors_uncompressed = true;
   /// A bucket closes once it holds this many bytes of gradients, as stored
   /// (DDP's bucket_cap_mb: 25 MiB) ...
@@ -39,12 +45,25 @@ struct bucket_plan {
     std::vector<std::size_t> params;
     std::size_t offset = 0, size = 0;
     std::size_t last = 0;     ///< Its last parameter in backward order.
-    bool compressed = false;  ///< It takes the compressor, not `small`.
+    bool compressed = false;  ///< It takes the compressor, not `small` (takes_compressor).
   };
   std::vector<parameter> params;
   std::vector<bucket> buckets;  ///< In the order they are reduced.
   std::size_t total = 0;        ///< Elements of the model.
 };
+
+/// Whether a bucket of tensors of these `shapes` (each a list of extents),
+/// `elements` values in all, takes the compressor rather than `small`: it
+/// holds at least min_compression_elements values (PyTorch's
+/// min_compression_rate, CGX's layer_min_size) and, where
+/// vectors_uncompressed, a tensor of two or more dimensions (biases and
+/// norms are small, and PowerSGD compresses matrices).
+template <class Shapes>
+bool takes_compressor(Shapes const& shapes, std::size_t elements, bucket_rules const& rules) {
+  if (elements < rules.min_compression_elements) return false;
+  if (!rules.vectors_uncompressed) return true;
+  return std::any_of(std::begin(shapes), std::end(shapes), [](auto const& s) { return std::size(s) > 1; });
+}
 
 /// Packs parameters of `shapes` (in backward order; elements of
 /// `element_bytes` bytes) into buckets by byte cap, 1-D tensors apart, then
@@ -81,7 +100,9 @@ inline bucket_plan plan_buckets(std::vector<std::vector<std::size_t>> const& sha
   for (std::size_t b = 0; b < closed.size(); ++b) {
     auto& bucket = closed[b];
     bucket.offset = plan.total;
-    bucket.compressed = !is_vector(bucket.params.front()) && bucket.size >= rules.min_compression_elements;
+    std::vector<std::vector<std::size_t>> held;
+    for (std::size_t p : bucket.params) held.push_back(shapes[p]);
+    bucket.compressed = takes_compressor(held, bucket.size, rules);
     std::size_t offset = plan.total;
     for (std::size_t p : bucket.params) {
       plan.params[p].bucket = b;
