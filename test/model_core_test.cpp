@@ -17,22 +17,8 @@ using namespace gradcomp::testing;
 
 namespace {
 
-// One step of `reducer` on fresh gradients (seeded by step and rank), marked
-// ready in backward order; the reduced gradients, parameter after parameter.
-template <class Reducer>
-std::vector<float> model_step(Reducer& reducer, shapes_t const& shapes, int step, int rank) {
-  for (std::size_t p = 0; p < shapes.size(); ++p) {
-    auto const g = fill(900 + static_cast<std::uint64_t>(step) * 31 + p, rank, shapes[p]);
-    std::memcpy(reducer.gradient(p).data(), g.data(), g.size() * sizeof(float));
-    reducer.mark_ready(p);
-  }
-  reducer.finish();
-  std::vector<float> out;
-  for (std::size_t p = 0; p < shapes.size(); ++p) {
-    auto const g = reducer.gradient(p);
-    out.insert(out.end(), g.begin(), g.end());
-  }
-  return out;
+std::vector<float> model_step(auto& reducer, shapes_t const& shapes, int step, int rank) {
+  return reduced_step(reducer, shapes, 900 + static_cast<std::uint64_t>(step) * 31, rank);
 }
 
 }  // namespace
@@ -167,4 +153,42 @@ TEST_CASE(
     CHECK(core.bucket(0)->wire_bytes() < 500 * sizeof(float));  // compressed now
     CHECK(core.steps() == 3);
   });
+}
+
+// A state loaded where the framework hands over exactly the saved buckets
+// (one DDP bucket, or DDP's final buckets in the same process) continues as
+// if never saved; positions known or not.
+TEST_CASE("a loaded handed-over bucket handed over again as saved resumes bitwise") {
+  for (bool with_positions : {true, false}) {
+    INFO("positions " << with_positions);
+    local_group::run(3, [&](local_group::communicator& comm) {
+      model_reducer_options o;
+      o.compressor = compressor_spec::parse("topkc:fraction=0.25,chunk_size=16");
+      o.min_compression_elements = 100;
+      auto core = [&] {
+        return std::make_unique<model_buckets<all_reduce_delivery, local_group::communicator, host_space, float>>(
+            "handed", comm, o, host_space{},
+            &make_bucket<any_allreducer<local_group::communicator, host_space, float>, local_group::communicator,
+                         host_space>);
+      };
+      std::vector<std::size_t> const positions =
+          with_positions ? std::vector<std::size_t>{0, 1} : std::vector<std::size_t>{};
+      shapes_t const shapes = {{20, 30}, {30}};
+      auto step = [&](auto& c, int s) {
+        auto g = random_gradient(700 + static_cast<std::uint64_t>(s), comm.rank(), 630);
+        c.submit_handed(0, span<float>(g.data(), g.size()), positions, shapes, nullptr);
+        c.finish();
+        return g;
+      };
+      auto whole = core(), first = core();
+      for (int s = 0; s < 3; ++s) (void)step(*whole, s), (void)step(*first, s);
+      auto const saved = first->save();
+      auto resumed = core();
+      resumed->load({saved.data(), saved.size()});
+      for (int s = 3; s < 6; ++s) {
+        auto const a = step(*whole, s), b = step(*resumed, s);
+        CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+      }
+    });
+  }
 }

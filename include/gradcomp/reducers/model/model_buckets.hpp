@@ -131,14 +131,16 @@ class model_buckets {
       return reduce_pieces(pieces, gradient, positions, shapes, tag);
     index = holder_of(index, positions);
     entry& e = slot(index);
-    if (e.positions != positions || e.layout.tensors().size() != shapes.size() || !same_shapes(e.layout, shapes)) {
+    bool const laid_out = !e.layout.tensors().empty();  // (a loaded bucket is not, until it comes)
+    if (e.positions != positions || (laid_out && !same_shapes(e.layout, shapes))) {
       e.positions = positions;
       e.layout = {};
-      for (auto const& s : shapes) e.layout.add(s);
       e.reduce.reset();
       e.loaded = {};
       e.spec = {};
     }
+    if (e.layout.tensors().empty())
+      for (auto const& s : shapes) e.layout.add(s);
     GRADCOMP_EXPECTS(e.layout.size() == gradient.size(), std::string(who_) + ": bucket " + std::to_string(index) +
                                                              " holds " + std::to_string(gradient.size()) +
                                                              " values but its parameters " +
@@ -283,6 +285,7 @@ class model_buckets {
   }
 
   static bool same_shapes(bucket_layout const& layout, std::vector<shape> const& shapes) {
+    if (layout.tensors().size() != shapes.size()) return false;
     for (std::size_t t = 0; t < shapes.size(); ++t)
       if (layout.tensors()[t].shape != shapes[t]) return false;
     return true;
