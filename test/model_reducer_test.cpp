@@ -160,18 +160,7 @@ TEST_CASE("a model checkpoint continues bitwise and a bad one changes nothing") 
   int const ranks = 3;
   shapes_t const shapes = mlp_shapes();
   auto step = [&](auto& reducer, int s, int rank) {
-    for (std::size_t p = 0; p < shapes.size(); ++p) {
-      auto const g = fill(300 + s * 10 + p, rank, shapes[p]);
-      std::memcpy(reducer.gradient(p).data(), g.data(), g.size() * sizeof(float));
-      reducer.mark_ready(p);
-    }
-    reducer.finish();
-    std::vector<float> out;
-    for (std::size_t p = 0; p < shapes.size(); ++p) {
-      auto const g = reducer.gradient(p);
-      out.insert(out.end(), g.begin(), g.end());
-    }
-    return out;
+    return reduced_step(reducer, shapes, 300 + static_cast<std::uint64_t>(s) * 10, rank);
   };
   std::vector<std::string> messages(ranks);
   local_group::run(ranks, [&](local_group::communicator& comm) {

@@ -34,6 +34,25 @@ inline std::vector<float> fill(std::uint64_t seed, int rank, std::vector<std::si
   return random_gradient(seed, rank, n);
 }
 
+// One step of a model reducer on fresh gradients (parameter p's seeded by
+// seed + p and the rank), marked ready in backward order; the reduced
+// gradients, parameter after parameter.
+template <class Reducer>
+std::vector<float> reduced_step(Reducer& reducer, shapes_t const& shapes, std::uint64_t seed, int rank) {
+  for (std::size_t p = 0; p < shapes.size(); ++p) {
+    auto const g = fill(seed + p, rank, shapes[p]);
+    std::memcpy(reducer.gradient(p).data(), g.data(), g.size() * sizeof(float));
+    reducer.mark_ready(p);
+  }
+  reducer.finish();
+  std::vector<float> out;
+  for (std::size_t p = 0; p < shapes.size(); ++p) {
+    auto const g = reducer.gradient(p);
+    out.insert(out.end(), g.begin(), g.end());
+  }
+  return out;
+}
+
 }  // namespace gradcomp::testing
 
 TEST_CASE_TEMPLATE_DEFINE("results are bitwise those of reducing after the backward pass, in any ready order", Setup,

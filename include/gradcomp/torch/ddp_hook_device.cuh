@@ -29,12 +29,10 @@ inline ddp_hook_device const& cuda_ddp_hook_device() {
   using R32 = any_allreducer<c10d_communicator, cuda_space, float>;
   using R16b = any_allreducer<c10d_communicator, cuda_space, bfloat16>;
   using R16h = any_allreducer<c10d_communicator, cuda_space, half>;
-  static constexpr ddp_hook_device device{&make_bucket<R32, c10d_communicator, cuda_space>,
-                                          &make_bucket<R16b, c10d_communicator, cuda_space>,
-                                          &make_bucket<R16h, c10d_communicator, cuda_space>,
-                                          &detail::plan_device_bucket<float>,
-                                          &detail::plan_device_bucket<bfloat16>,
-                                          &detail::plan_device_bucket<half>};
+  static constexpr ddp_hook_device device{
+      {&make_bucket<R32, c10d_communicator, cuda_space>, &make_bucket<R16b, c10d_communicator, cuda_space>,
+       &make_bucket<R16h, c10d_communicator, cuda_space>},
+      {&detail::plan_device_bucket<float>, &detail::plan_device_bucket<bfloat16>, &detail::plan_device_bucket<half>}};
   return device;
 }
 

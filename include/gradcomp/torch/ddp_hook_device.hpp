@@ -19,6 +19,8 @@ struct ddp_hook_device;
 #include <gradcomp/reducers/any_allreducer.hpp>
 #include <gradcomp/reducers/model/delivery.hpp>
 
+#include <array>
+#include <tuple>
 #include <type_traits>
 
 namespace gradcomp::inline GRADCOMP_ABI {
@@ -28,36 +30,21 @@ namespace gradcomp::inline GRADCOMP_ABI {
 struct ddp_hook_device {
   template <class G>
   using maker = bucket_maker<any_allreducer<c10d_communicator, cuda_space, G>, c10d_communicator, cuda_space>;
-  template <class G>
   using planner = compression_plan (*)(c10d_communicator&, bucket_layout const&, cuda_space const&,
                                        planner_options const&);
 
-  maker<float> make_float;
-  maker<bfloat16> make_bfloat16;
-  maker<half> make_half;
-  planner<float> plan_float;
-  planner<bfloat16> plan_bfloat16;
-  planner<half> plan_half;
+  std::tuple<maker<float>, maker<bfloat16>, maker<half>> makers;
+  std::array<planner, 3> planners;  ///< Of float, bfloat16 and half buckets.
 
   /// The maker of G's buckets.
   template <class G>
   maker<G> make() const {
-    if constexpr (std::is_same_v<G, float>)
-      return make_float;
-    else if constexpr (std::is_same_v<G, bfloat16>)
-      return make_bfloat16;
-    else
-      return make_half;
+    return std::get<maker<G>>(makers);
   }
   /// The planner of G's buckets.
   template <class G>
-  planner<G> plan() const {
-    if constexpr (std::is_same_v<G, float>)
-      return plan_float;
-    else if constexpr (std::is_same_v<G, bfloat16>)
-      return plan_bfloat16;
-    else
-      return plan_half;
+  planner plan() const {
+    return planners[std::is_same_v<G, float> ? 0 : std::is_same_v<G, bfloat16> ? 1 : 2];
   }
 };
 
