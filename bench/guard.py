@@ -60,7 +60,10 @@ def run(binary):
     pattern = "^(" + "|".join(re.escape(n) for n in names) + ")"
     out = subprocess.run(
         [binary, f"--benchmark_filter={pattern}", "--benchmark_repetitions=3", "--benchmark_format=json"],
-        check=True, capture_output=True, text=True).stdout
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     rows = {}
     for b in json.loads(out)["benchmarks"]:
         if b.get("run_type") != "iteration":

@@ -8,6 +8,7 @@ step, median time, DRAM bytes per launch and the bandwidth they amount to,
 registers and launch shape; then the kernels' time per step. A step's count
 is the fewest launches of any kernel (every kernel runs at least once a step).
 """
+
 import csv
 import re
 import statistics
@@ -29,7 +30,7 @@ def launches(path):
     if not rows:
         return []
     header = rows[0]
-    return [dict(zip(header, r)) for r in rows[1:] if r and r[0].isdigit()]
+    return [dict(zip(header, r, strict=False)) for r in rows[1:] if r and r[0].isdigit()]
 
 
 def number(text):
@@ -52,15 +53,17 @@ def section(path):
     print("| kernel | launches/step | median us | DRAM MB/launch | GB/s | regs | grid x block |")
     print("|---|---:|---:|---:|---:|---:|---|")
     total = 0.0
-    order = sorted(by_kernel.items(), key=lambda kv: -sum(number(l["gpu__time_duration.sum"]) for l in kv[1]))
+    order = sorted(by_kernel.items(), key=lambda kv: -sum(number(launch["gpu__time_duration.sum"]) for launch in kv[1]))
     for name, ls in order:
-        ns = [number(l["gpu__time_duration.sum"]) for l in ls]
-        by = [number(l["dram__bytes_read.sum"]) + number(l["dram__bytes_write.sum"]) for l in ls]
+        ns = [number(launch["gpu__time_duration.sum"]) for launch in ls]
+        by = [number(launch["dram__bytes_read.sum"]) + number(launch["dram__bytes_write.sum"]) for launch in ls]
         t, b = statistics.median(ns), statistics.median(by)
         total += sum(ns) / steps
-        print(f"| `{short(name)}` | {len(ls) / steps:.1f} | {t / 1e3:.1f} | {b / 1e6:.1f} | {b / t if t else 0:.0f} | "
-              f"{ls[0].get('launch__registers_per_thread', '?')} | "
-              f"{ls[0].get('launch__grid_size', '?')} x {ls[0].get('launch__block_size', '?')} |")
+        print(
+            f"| `{short(name)}` | {len(ls) / steps:.1f} | {t / 1e3:.1f} | {b / 1e6:.1f} | {b / t if t else 0:.0f} | "
+            f"{ls[0].get('launch__registers_per_thread', '?')} | "
+            f"{ls[0].get('launch__grid_size', '?')} x {ls[0].get('launch__block_size', '?')} |"
+        )
     print(f"\nkernel time per step: {total / 1e6:.3f} ms")
 
 

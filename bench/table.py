@@ -8,6 +8,7 @@ and slowest repetition) follows it.
 
     table.py results.json [more.json ...]
 """
+
 import json
 import sys
 
@@ -57,19 +58,24 @@ def main(paths):
         print("no benchmark rows found")
         return 1
     bf16 = {(r["space"], r["elements"]): r["ms"] for r in table if r["what"] == "bf16" and not r["skipped"]}
-    print("| row | elements | ms/step (range) | GB/s (gradient) | copy fraction | wire B/elem | time vs bf16 | one-step rel. error |")
+    print(
+        "| row | elements | ms/step (range) | GB/s (gradient) | copy fraction | wire B/elem | time vs bf16 "
+        "| one-step rel. error |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in table:
-        name = f'{r["space"]}/{r["what"]}'
+        name = f"{r['space']}/{r['what']}"
         if r["skipped"]:
-            print(f'| {name} | {r["elements"]:,} | skipped: {r["message"]} | | | | | |')
+            print(f"| {name} | {r['elements']:,} | skipped: {r['message']} | | | | | |")
             continue
         base = bf16.get((r["space"], r["elements"]))
-        ratio = f'{r["ms"] / base:.2f}x' if base else "-"
-        error = f'{r["error"]:.2e}' if r["error"] is not None else "-"
-        spread = f' ({min(r["range"]):.3f}-{max(r["range"]):.3f})' if r["range"] else ""
-        print(f'| {name} | {r["elements"]:,} | {r["ms"]:.3f}{spread} | {r["gbps"]:.1f} | {r["copy_fraction"]:.2f} '
-              f'| {r["wire"]:.2f} | {ratio} | {error} |')
+        ratio = f"{r['ms'] / base:.2f}x" if base else "-"
+        error = f"{r['error']:.2e}" if r["error"] is not None else "-"
+        spread = f" ({min(r['range']):.3f}-{max(r['range']):.3f})" if r["range"] else ""
+        print(
+            f"| {name} | {r['elements']:,} | {r['ms']:.3f}{spread} | {r['gbps']:.1f} | {r['copy_fraction']:.2f} "
+            f"| {r['wire']:.2f} | {ratio} | {error} |"
+        )
     return 0
 
 

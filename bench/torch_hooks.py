@@ -8,17 +8,17 @@ them.
 
     PYTHONPATH=build/python python3 bench/torch_hooks.py [--repeats 15] [--threads 2]
 """
+
 import argparse
 import os
 import statistics
 import tempfile
 import time
 
+import gradcomp.torch as gct
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-
-import gradcomp.torch as gct
 
 SIDE = 2560  # a 2560 x 2560 fp32 weight: 25 MiB, one bucket
 
@@ -54,16 +54,33 @@ def main():
         rows = [
             ("torch bf16_compress_hook", lambda: (default_hooks.bf16_compress_hook, None)),
             ("gradcomp bf16", lambda: (gct.hook, gct.GradcompState(None, "bf16", min_compression_elements=0))),
-            ("torch powerSGD_hook rank 4", lambda: (powerSGD_hook.powerSGD_hook, powerSGD_hook.PowerSGDState(
-                process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=2, use_error_feedback=True,
-                warm_start=True))),
-            ("gradcomp powersgd rank 4", lambda: (gct.hook, gct.GradcompState(
-                None, "powersgd:matrix_rank=4", min_compression_elements=0, warmup=2))),
+            (
+                "torch powerSGD_hook rank 4",
+                lambda: (
+                    powerSGD_hook.powerSGD_hook,
+                    powerSGD_hook.PowerSGDState(
+                        process_group=None,
+                        matrix_approximation_rank=4,
+                        start_powerSGD_iter=2,
+                        use_error_feedback=True,
+                        warm_start=True,
+                    ),
+                ),
+            ),
+            (
+                "gradcomp powersgd rank 4",
+                lambda: (
+                    gct.hook,
+                    gct.GradcompState(None, "powersgd:matrix_rank=4", min_compression_elements=0, warmup=2),
+                ),
+            ),
         ]
         buffer = torch.randn(SIDE * SIDE)
         target = torch.empty_like(buffer)
-        print(f"one {SIDE * SIDE * 4 / 2**20:.0f} MiB bucket, 1 gloo rank, {o.threads} threads, "
-              f"median of {o.repeats} (range)")
+        print(
+            f"one {SIDE * SIDE * 4 / 2**20:.0f} MiB bucket, 1 gloo rank, {o.threads} threads, "
+            f"median of {o.repeats} (range)"
+        )
         print(f"{'hook':<30} {'ms':>8} {'range':>17} {'x copy':>8} {'x bf16 (torch)':>15}")
         results = {}
         for name, make in rows:
@@ -76,8 +93,10 @@ def main():
             results[name] = statistics.median(times)
             copy = statistics.median(copies)
             base = results["torch bf16_compress_hook"]
-            print(f"{name:<30} {results[name]:8.2f} {min(times):8.2f}-{max(times):8.2f} "
-                  f"{results[name] / copy:8.1f} {results[name] / base:15.2f}")
+            print(
+                f"{name:<30} {results[name]:8.2f} {min(times):8.2f}-{max(times):8.2f} "
+                f"{results[name] / copy:8.1f} {results[name] / base:15.2f}"
+            )
         dist.destroy_process_group()
 
 

@@ -84,8 +84,9 @@ def count(path):
     ('scalar': scalar floats; 'calls': calls of an out-of-line chunk loop;
     'library': calls of memcpy, memmove or memset, which a compiler makes
     of a loop that only copies or fills)}."""
-    listing = subprocess.run(["objdump", "-dr", "--no-show-raw-insn", "-C", str(path)], check=True,
-                             capture_output=True, text=True).stdout
+    listing = subprocess.run(
+        ["objdump", "-dr", "--no-show-raw-insn", "-C", str(path)], check=True, capture_output=True, text=True
+    ).stdout
     counts = collections.defaultdict(collections.Counter)
     current = None
     for line in listing.splitlines():
@@ -119,8 +120,17 @@ def main():
     rows = []
     for (kind, op, streams), c in count(args.object).items():
         widest = next((w for w in WIDTHS if c[w]), "none")
-        rows.append((WIDTHS[::-1].index(widest) if widest in WIDTHS else -1, widest, c, kind, op, streams,
-                     re.sub(r"<.*", "", op) in declared))
+        rows.append(
+            (
+                WIDTHS[::-1].index(widest) if widest in WIDTHS else -1,
+                widest,
+                c,
+                kind,
+                op,
+                streams,
+                re.sub(r"<.*", "", op) in declared,
+            )
+        )
     if not rows:
         sys.exit(f"{args.object}: no host passes found (built with optimization, the library's names intact?)")
     failed = 0
@@ -136,8 +146,10 @@ def main():
         elif widest in ("xmm", "none"):
             failed += 1
             note = "  <- NOT VECTORIZED"
-        print(f"{widest:6} {c['zmm']:5d} {c['ymm']:5d} {c['xmm']:5d} {c['scalar']:6d}  "
-              f"{kind.removeprefix('host_')}: {op} [{streams}]{note}")
+        print(
+            f"{widest:6} {c['zmm']:5d} {c['ymm']:5d} {c['xmm']:5d} {c['scalar']:6d}  "
+            f"{kind.removeprefix('host_')}: {op} [{streams}]{note}"
+        )
     print(f"{len(rows)} instantiations, {failed} not vectorized that should be")
     sys.exit(1 if failed else 0)
 

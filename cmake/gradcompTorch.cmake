@@ -1,6 +1,23 @@
 # PyTorch, for the gradcomp::torch component (the c10d backend) and the
 # Python module: found through the python3 that imports torch.
-#
+
+# The oldest PyTorch the component is built for: the oldest it has been
+# built and tested with (its C++ uses c10d's and autograd's headers, whose
+# interfaces move between versions).
+set(GRADCOMP_TORCH_MINIMUM 2.14)
+
+# Why the torch component is not built: a note, or, where the Python package
+# is what was asked for (pip), an error that says what to do.
+macro(gradcomp_torch_missing why)
+  if(GRADCOMP_PYTHON_PACKAGE)
+    message(FATAL_ERROR "gradcomp: ${why}. The Python package is built against the PyTorch already installed "
+                        "(PyTorch ${GRADCOMP_TORCH_MINIMUM} or newer): install torch into this environment first, "
+                        "then `pip install --no-build-isolation .` so the build sees it.")
+  endif()
+  message(STATUS "gradcomp: ${why}; the torch component is not built")
+  return()
+endmacro()
+
 # PyTorch's CMake package resets CMAKE_CUDA_ARCHITECTURES and appends to the
 # CUDA flags of whoever finds it; it is looked for inside a function, so those
 # variables stay in the function's scope and gradcomp's own CUDA targets keep
@@ -8,19 +25,20 @@
 function(gradcomp_find_torch)
   find_package(Python3 COMPONENTS Interpreter Development.Module)
   if(NOT Python3_FOUND)
-    return()
+    gradcomp_torch_missing("no Python 3 interpreter with its development headers")
   endif()
   execute_process(COMMAND ${Python3_EXECUTABLE} -c "import torch; print(torch.utils.cmake_prefix_path)"
                   OUTPUT_VARIABLE prefix OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE status)
   if(NOT status EQUAL 0)
-    message(STATUS "gradcomp: no PyTorch for ${Python3_EXECUTABLE}; the torch component is not built")
-    return()
+    gradcomp_torch_missing("${Python3_EXECUTABLE} cannot import torch")
   endif()
   list(PREPEND CMAKE_PREFIX_PATH ${prefix})
   find_package(Torch QUIET)
   if(NOT Torch_FOUND)
-    message(STATUS "gradcomp: PyTorch's CMake package was not usable; the torch component is not built")
-    return()
+    gradcomp_torch_missing("PyTorch's CMake package (in ${prefix}) was not usable")
+  endif()
+  if(Torch_VERSION VERSION_LESS GRADCOMP_TORCH_MINIMUM)
+    gradcomp_torch_missing("PyTorch ${Torch_VERSION} is older than ${GRADCOMP_TORCH_MINIMUM}")
   endif()
   find_library(GRADCOMP_TORCH_PYTHON torch_python PATHS ${TORCH_INSTALL_PREFIX}/lib NO_DEFAULT_PATH REQUIRED)
   set(GRADCOMP_TORCH_PYTHON ${GRADCOMP_TORCH_PYTHON} PARENT_SCOPE)

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Tests the time-to-accuracy report of bench/e2e on recorded trainer CSVs
 (test/data/e2e), without shaping a network."""
+
 import contextlib
 import io
 import os
@@ -102,7 +103,9 @@ class RepetitionsTest(unittest.TestCase):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             report.main(["--target", "0.8525"] + REPS)  # bf16 ends at 0.8527, TopK-Chunked at 0.8521
-        cells = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line for line in out.getvalue().splitlines()[2:6]}
+        cells = {
+            tuple(c.strip() for c in line.strip("|").split("|")[:2]): line for line in out.getvalue().splitlines()[2:6]
+        }
         self.assertIn("| 1gbit | bf16 |", cells[("1gbit", "bf16")])
         self.assertIn("not reached", cells[("1gbit", "topkc-10%")])
 
@@ -142,9 +145,15 @@ class ValidateTest(unittest.TestCase):
     def test_errors_and_picks(self):
         with tempfile.TemporaryDirectory() as folder:
             for k, scale in ((1, 1.0), (2, 1.1), (3, 0.9)):
-                self.write(folder, "1gbit", "auto", k, 10 * scale,
-                           [("bf16", 12), ("topkc:chunk_size=256,fraction=0.1", 9), ("auto", 9)],
-                           ["bf16", "topkc:chunk_size=256,fraction=0.1"])
+                self.write(
+                    folder,
+                    "1gbit",
+                    "auto",
+                    k,
+                    10 * scale,
+                    [("bf16", 12), ("topkc:chunk_size=256,fraction=0.1", 9), ("auto", 9)],
+                    ["bf16", "topkc:chunk_size=256,fraction=0.1"],
+                )
                 self.write(folder, "1gbit", "c0", k, 10 * scale)
                 self.write(folder, "1gbit", "c1", k, 12 * scale)
             out = io.StringIO()
@@ -152,27 +161,39 @@ class ValidateTest(unittest.TestCase):
                 validate.main(["--candidates", "bf16 topkc:fraction=0.1,chunk_size=256", folder])
             text = out.getvalue()
             self.assertIn("| 1gbit | bf16 | 12.00 (12.00-12.00) | 10.00 (9.00-11.00) | +20% |", text)
-            self.assertIn("| 1gbit | topkc:fraction=0.1,chunk_size=256 | 9.00 (9.00-9.00) | 12.00 (10.80-13.20) | -25% |",
-                          text)
+            self.assertIn(
+                "| 1gbit | topkc:fraction=0.1,chunk_size=256 | 9.00 (9.00-9.00) | 12.00 (10.80-13.20) | -25% |", text
+            )
             self.assertIn("fastest measured: bf16; the choice (a mix: its own runs) at 1.00x it", text)
-            self.assertIn("Median absolute error: 20% over 3 rows; the choice within 5% of the measured fastest at 1 of 1",
-                          text)
+            self.assertIn(
+                "Median absolute error: 20% over 3 rows; the choice within 5% of the measured fastest at 1 of 1", text
+            )
 
     def test_a_single_pick_is_judged_by_its_candidate(self):
         """The choice ran TopK-Chunked in every bucket of every run: its own runs
         (faster here, by the machine) do not count, TopK-Chunked's step does."""
         with tempfile.TemporaryDirectory() as folder:
             for k in (1, 2, 3):
-                self.write(folder, "1gbit", "auto", k, 9, [("bf16", 10), ("topkc:chunk_size=256,fraction=0.1", 9)],
-                           ["topkc:chunk_size=256,fraction=0.1"] * 2)
+                self.write(
+                    folder,
+                    "1gbit",
+                    "auto",
+                    k,
+                    9,
+                    [("bf16", 10), ("topkc:chunk_size=256,fraction=0.1", 9)],
+                    ["topkc:chunk_size=256,fraction=0.1"] * 2,
+                )
                 self.write(folder, "1gbit", "c0", k, 10)
                 self.write(folder, "1gbit", "c1", k, 12)
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
                 validate.main(["--candidates", "bf16 topkc:fraction=0.1,chunk_size=256", folder])
             text = out.getvalue()
-            self.assertIn("fastest measured: bf16; the choice (topkc:fraction=0.1,chunk_size=256 in every bucket: "
-                          "its step) at 1.20x it", text)
+            self.assertIn(
+                "fastest measured: bf16; the choice (topkc:fraction=0.1,chunk_size=256 in every bucket: "
+                "its step) at 1.20x it",
+                text,
+            )
             self.assertIn("the choice within 5% of the measured fastest at 0 of 1", text)
 
     def test_a_pick_without_its_candidates_runs(self):
@@ -188,10 +209,14 @@ class ValidateTest(unittest.TestCase):
             with contextlib.redirect_stdout(out):
                 validate.main(["--candidates", "bf16 topkc:fraction=0.1,chunk_size=256", folder])
             text = out.getvalue()
-            self.assertIn("| 1gbit | *fastest measured: bf16; the choice (not read from the logs: its own runs) at 1.10x it",
-                          text)
-            self.assertIn("| 10gbit | *fastest measured: bf16; the choice (topkc:fraction=0.1,chunk_size=256 in every "
-                          "bucket, not run alone: its own runs) at 1.10x", text)
+            self.assertIn(
+                "| 1gbit | *fastest measured: bf16; the choice (not read from the logs: its own runs) at 1.10x it", text
+            )
+            self.assertIn(
+                "| 10gbit | *fastest measured: bf16; the choice (topkc:fraction=0.1,chunk_size=256 in every "
+                "bucket, not run alone: its own runs) at 1.10x",
+                text,
+            )
 
     def test_layouts_in_one_table(self):
         """Two folders, one layout each: rows named by folder, one summary over both."""
@@ -205,11 +230,19 @@ class ValidateTest(unittest.TestCase):
                     self.write(folder, "1gbit", "c1", k, slow)
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
-                validate.main(["--candidates", "bf16 topkc:fraction=0.1,chunk_size=256",
-                               os.path.join(root, "one-node"), os.path.join(root, "two-nodes")])
+                validate.main(
+                    [
+                        "--candidates",
+                        "bf16 topkc:fraction=0.1,chunk_size=256",
+                        os.path.join(root, "one-node"),
+                        os.path.join(root, "two-nodes"),
+                    ]
+                )
             text = out.getvalue()
             self.assertIn("| one-node 1gbit | bf16 | 11.00 (11.00-11.00) | 10.00 (10.00-10.00) | +10% |", text)
-            self.assertIn("| two-nodes 1gbit | *fastest measured: bf16; the choice (bf16 in every bucket: its step)", text)
+            self.assertIn(
+                "| two-nodes 1gbit | *fastest measured: bf16; the choice (bf16 in every bucket: its step)", text
+            )
             self.assertIn("over 2 rows; the choice within 5% of the measured fastest at 2 of 2 rates and layouts", text)
 
 

@@ -11,6 +11,7 @@ itself and compressors/detail/ (no compressor includes another).
 
 Usage: layers_test.py INCLUDE_DIR
 """
+
 import pathlib
 import re
 import sys
@@ -60,8 +61,12 @@ def main() -> int:
             elif theirs > own:
                 problems.append(f"{where}, a higher layer ({' '.join(table[theirs])} above {' '.join(table[own])})")
             parts, target_parts = rel.split("/"), target.split("/")
-            if (parts[0] == "compressors" and target_parts[0] == "compressors" and len(parts) > 2
-                    and target_parts[1] not in (parts[1], "detail")):
+            if (
+                parts[0] == "compressors"
+                and target_parts[0] == "compressors"
+                and len(parts) > 2
+                and target_parts[1] not in (parts[1], "detail")
+            ):
                 problems.append(f"{where}: a compressor includes another (shared pieces go to compressors/detail/)")
     for p in problems:
         print(p)

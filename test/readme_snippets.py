@@ -3,6 +3,7 @@ block, so the build can compile or run them as written: snippet_<n>.cpp,
 snippet_<n>.cu and snippet_<n>.py.
 
 Usage: readme_snippets.py OUT_DIR DOC.md...  (prints the number of blocks)"""
+
 import pathlib
 import re
 import sys

@@ -29,6 +29,7 @@ compressors=(
 # repetition K trains with --seed K, so repeated runs differ in their training
 # (initialization, data order), not only in their timing.
 #   set_run_flags TARGET K
+# shellcheck disable=SC2034  # (run_flags is read by the scripts that source this file)
 set_run_flags() { run_flags=(--target "$1" --stop-at-target --epochs 6 --eval-every 25 --seed "$2"); }
 
 # The OpenBLAS kernels for this CPU's vector units. OpenBLAS names the CPU by
@@ -47,7 +48,7 @@ blas_kernels() {
 # and fills blas_env with what mpiexec needs to pass it on to every rank
 # (mpiexec passes on only the variables it is told).
 choose_blas_kernels() {
-  local kernels=${OPENBLAS_CORETYPE:-$(blas_kernels)}
+  local kernels=${OPENBLAS_CORETYPE:-$(blas_kernels /proc/cpuinfo)}
   blas_env=()
   [ -z "$kernels" ] || { export OPENBLAS_CORETYPE=$kernels; blas_env=(-x OPENBLAS_CORETYPE); }
 }

@@ -10,6 +10,7 @@ accuracy-versus-time plot.
 Speedup is the bf16 baseline's time-to-accuracy divided by the compressor's,
 on the same network; above 1 the compressor reaches the target sooner.
 """
+
 import argparse
 import csv
 import os
@@ -47,9 +48,7 @@ def load(paths):
     for path in paths:
         rate, name = parse_name(path)
         with open(path) as f:
-            rows = [
-                {k: float(v) for k, v in row.items() if k not in ("compressor",)} for row in csv.DictReader(f)
-            ]
+            rows = [{k: float(v) for k, v in row.items() if k not in ("compressor",)} for row in csv.DictReader(f)]
         if not rows:
             raise SystemExit(f"{path}: no evaluations")
         runs.append({"rate": rate, "name": name, "rows": rows})
@@ -123,23 +122,23 @@ def table(summaries, target):
     base = {(g["rate"], g["name"]): g["tta"] for g in groups}
     for g in sorted(groups, key=lambda g: (rate_key(g["rate"]), g["name"])):
         if g["tta"] is None:
-            tta = "not reached" if g["reached"] == 0 else f'{g["reached"]} of {g["runs"]} reached'
+            tta = "not reached" if g["reached"] == 0 else f"{g['reached']} of {g['runs']} reached"
         elif g["runs"] > 1:
-            tta = f'{g["tta"]:.1f} ({g["tta_range"][0]:.1f}-{g["tta_range"][1]:.1f})'
+            tta = f"{g['tta']:.1f} ({g['tta_range'][0]:.1f}-{g['tta_range'][1]:.1f})"
         else:
-            tta = f'{g["tta"]:.1f}'
+            tta = f"{g['tta']:.1f}"
         b = base.get((g["rate"], baseline_of(g["name"])))
-        speedup = f'{b / g["tta"]:.2f}x' if (b is not None and g["tta"]) else "-"
+        speedup = f"{b / g['tta']:.2f}x" if (b is not None and g["tta"]) else "-"
         if g["steps"] is None:
             steps = "-"
         elif g["steps_range"][0] == g["steps_range"][1]:
-            steps = f'{g["steps"]:.0f}'
+            steps = f"{g['steps']:.0f}"
         else:  # repetitions train with different seeds, so their steps differ too
-            steps = f'{g["steps"]:.0f} ({g["steps_range"][0]:.0f}-{g["steps_range"][1]:.0f})'
+            steps = f"{g['steps']:.0f} ({g['steps_range'][0]:.0f}-{g['steps_range'][1]:.0f})"
         lines.append(
-            f'| {g["rate"]} | {g["name"]} | {tta} | {speedup} | {g["final_acc"]:.4f} | '
-            f'{g["wire_per_step"] / 1e6:.3f} | {g["compress_share"]:.1%} | {g["comm_share"]:.1%} | {g["runs"]} | '
-            f'{steps} | {g["ms_per_step"]:.1f} |'
+            f"| {g['rate']} | {g['name']} | {tta} | {speedup} | {g['final_acc']:.4f} | "
+            f"{g['wire_per_step'] / 1e6:.3f} | {g['compress_share']:.1%} | {g['comm_share']:.1%} | {g['runs']} | "
+            f"{steps} | {g['ms_per_step']:.1f} |"
         )
     return "\n".join(lines)
 
@@ -162,9 +161,9 @@ def overlap_table(summaries, target):
     for rate, name in pairs:
         on, off = groups[(rate, name)], groups[(rate, name + "~no-overlap")]
         change = on["ms_per_step"] / off["ms_per_step"] - 1
-        t = lambda g: f'{g["tta"]:.1f}' if g["tta"] is not None else "not reached"  # noqa: E731
+        t = lambda g: f"{g['tta']:.1f}" if g["tta"] is not None else "not reached"  # noqa: E731
         lines.append(
-            f'| {rate} | {name} | {off["ms_per_step"]:.1f} | {on["ms_per_step"]:.1f} | {change:+.1%} | {t(off)} | '
+            f"| {rate} | {name} | {off['ms_per_step']:.1f} | {on['ms_per_step']:.1f} | {change:+.1%} | {t(off)} | "
             f"{t(on)} |"
         )
     return "\n".join(lines)
@@ -176,8 +175,18 @@ def write_csv(path, runs):
         w.writerow(["network", "compressor", "step", "wall_s", "compress_s", "comm_s", "wire_bytes", "test_acc"])
         for run in runs:
             for r in run["rows"]:
-                w.writerow([run["rate"], run["name"], int(r["step"]), r["wall_s"], r["compress_s"], r["comm_s"],
-                            int(r["wire_bytes"]), r["test_acc"]])
+                w.writerow(
+                    [
+                        run["rate"],
+                        run["name"],
+                        int(r["step"]),
+                        r["wall_s"],
+                        r["compress_s"],
+                        r["comm_s"],
+                        int(r["wire_bytes"]),
+                        r["test_acc"],
+                    ]
+                )
 
 
 def plot(path, runs, target):
@@ -203,7 +212,7 @@ def plot(path, runs, target):
                 data = os.path.join(tmp, f"{rate}__{name}.dat")
                 with open(data, "w") as f:
                     for r in run["rows"]:
-                        f.write(f'{r["wall_s"]} {r["test_acc"]}\n')
+                        f.write(f"{r['wall_s']} {r['test_acc']}\n")
                 plots.append(f"'{data}' using 1:2 with linespoints pt 7 ps 0.5 title '{name}'")
             script.append(f"set title '{rate}'")
             plots.append(f"{target} with lines dt 2 lc rgb 'gray' title 'target'")

@@ -19,6 +19,7 @@ Several folders (one layout each, e.g. one node and two) make one table:
 each row's rate is then named with its folder's, and the summary counts
 them all.
 """
+
 import argparse
 import csv
 import glob
@@ -38,7 +39,9 @@ def measured_ms(path):
         raise ValueError(f"{path}: fewer than two evaluations")
     first, last = rows[0], rows[-1]
     steps = int(last["step"]) - int(first["step"])
-    seconds = (float(last["compress_s"]) + float(last["comm_s"])) - (float(first["compress_s"]) + float(first["comm_s"]))
+    seconds = (float(last["compress_s"]) + float(last["comm_s"])) - (
+        float(first["compress_s"]) + float(first["comm_s"])
+    )
     return seconds / steps * 1e3
 
 
@@ -71,9 +74,11 @@ def fmt(values):
 def canonical(spec, known):
     """The planner prints canonical spec strings: match a candidate by its
     name and keys, whatever their order."""
+
     def keyset(s):
         name, _, keys = s.partition(":")
         return name, frozenset(k for k in keys.split(",") if k)
+
     for k in known:
         if keyset(k)[0] == keyset(spec)[0] and keyset(spec)[1] <= keyset(k)[1]:
             return k
@@ -88,12 +93,15 @@ def main(argv=None):
     a = parser.parse_args(argv)
     candidates = a.candidates.split()
     runs = {}  # ((folder's index, rate), label) -> [(k, measured ms, (predictions, choices) or None)]
-    paths = [(i, path) for i, folder in enumerate(a.folders) for path in glob.glob(os.path.join(folder, "*__*__r*.csv"))]
+    paths = [
+        (i, path) for i, folder in enumerate(a.folders) for path in glob.glob(os.path.join(folder, "*__*__r*.csv"))
+    ]
     for i, path in paths:
         rate, label, rk = os.path.basename(path)[: -len(".csv")].split("__")
         log = path[: -len(".csv")] + ".log"
         runs.setdefault(((i, rate), label), []).append(
-            (int(rk[1:]), measured_ms(path), (predictions(log), chosen(log)) if label == "auto" else None))
+            (int(rk[1:]), measured_ms(path), (predictions(log), chosen(log)) if label == "auto" else None)
+        )
     places = sorted({p for p, _ in runs}, key=lambda p: (p[0], rate_key(p[1])))
     layout = [os.path.basename(os.path.normpath(f)) + " " if len(a.folders) > 1 else "" for f in a.folders]
     lines = ["| rate | compressor | predicted ms | measured ms | error |", "|---|---|---:|---:|---:|"]
@@ -134,9 +142,11 @@ def main(argv=None):
             ratio, how = own, f"{next(iter(picked))} in every bucket, not run alone: its own runs"
         picks.append(ratio <= 1.05)  # (the printed ratio rounds: 1.05 may be just past it)
         lines.append(f"| {rate} | *fastest measured: {best}; the choice ({how}) at {ratio:.2f}x it* | | | |")
-    summary = (f"\nMedian absolute error: {statistics.median(errors):.0%} over {len(errors)} rows; "
-               f"the choice within 5% of the measured fastest at {sum(picks)} of {len(picks)} "
-               f"{'rates' if len(a.folders) == 1 else 'rates and layouts'}.\n")
+    summary = (
+        f"\nMedian absolute error: {statistics.median(errors):.0%} over {len(errors)} rows; "
+        f"the choice within 5% of the measured fastest at {sum(picks)} of {len(picks)} "
+        f"{'rates' if len(a.folders) == 1 else 'rates and layouts'}.\n"
+    )
     text = "\n".join(lines) + "\n" + summary
     print(text)
     if a.out:

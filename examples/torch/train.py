@@ -11,10 +11,12 @@ with PyTorch's own communication hooks or gradcomp's, in one program:
 gradcomp:<spec> (any gradcomp compressor spec). It starts --ranks processes
 itself, or runs as one rank under torchrun (RANK, WORLD_SIZE, MASTER_ADDR set).
 """
+
 import argparse
 import datetime
 import gzip
 import hashlib
+import itertools
 import math
 import os
 import struct
@@ -45,8 +47,12 @@ def options(argv=None):
     p.add_argument("--stop-at-target", action="store_true")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--bucket-kb", type=int, default=256, help="DDP's bucket cap")
-    p.add_argument("--min-compress", type=int, default=4096,
-                   help="smaller buckets (and PowerSGD's smaller matrices) travel uncompressed or as bf16")
+    p.add_argument(
+        "--min-compress",
+        type=int,
+        default=4096,
+        help="smaller buckets (and PowerSGD's smaller matrices) travel uncompressed or as bf16",
+    )
     p.add_argument("--warmup", type=int, default=0, help="iterations of plain fp32 all-reduce first")
     p.add_argument("--powersgd-rank", type=int, default=4)
     p.add_argument("--data", default=DATA)
@@ -68,7 +74,7 @@ def mlp(sizes, seed):
     """He-uniform weights and zero biases, as examples/train's mlp."""
     torch.manual_seed(seed)
     layers = []
-    for i, (a, b) in enumerate(zip(sizes, sizes[1:])):
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
         linear = torch.nn.Linear(a, b)
         bound = math.sqrt(6.0 / a)
         with torch.no_grad():
@@ -113,6 +119,7 @@ def serialized(hook):
         if not bucket.is_last():
             previous.append(future)
         return future
+
     wrapper.__name__ = wrapper.__qualname__ = hook.__name__
     return wrapper
 
@@ -124,15 +131,23 @@ def register(o, ddp):
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
         return None
     if o.hook == "torch-powersgd":
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=o.powersgd_rank,
-                                            start_powerSGD_iter=max(2, o.warmup), min_compression_rate=2,
-                                            use_error_feedback=True, warm_start=True, random_seed=o.seed)
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None,
+            matrix_approximation_rank=o.powersgd_rank,
+            start_powerSGD_iter=max(2, o.warmup),
+            min_compression_rate=2,
+            use_error_feedback=True,
+            warm_start=True,
+            random_seed=o.seed,
+        )
         ddp.register_comm_hook(state, serialized(powerSGD_hook.powerSGD_hook))
         return state
     if o.hook.startswith("gradcomp:"):
         import gradcomp.torch
-        return gradcomp.torch.register(ddp, o.hook[len("gradcomp:"):], warmup=o.warmup,
-                                       min_compression_elements=o.min_compress)
+
+        return gradcomp.torch.register(
+            ddp, o.hook[len("gradcomp:") :], warmup=o.warmup, min_compression_elements=o.min_compress
+        )
     raise SystemExit(f"--hook {o.hook}: not none, torch-bf16, torch-powersgd or gradcomp:<spec>")
 
 
@@ -141,8 +156,13 @@ def run(rank, o, store_path):
     if store_path is None:
         dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=5))
     else:
-        dist.init_process_group("gloo", store=dist.FileStore(store_path, o.ranks), rank=rank, world_size=o.ranks,
-                                timeout=datetime.timedelta(minutes=5))
+        dist.init_process_group(
+            "gloo",
+            store=dist.FileStore(store_path, o.ranks),
+            rank=rank,
+            world_size=o.ranks,
+            timeout=datetime.timedelta(minutes=5),
+        )
     rank, ranks = dist.get_rank(), dist.get_world_size()
     images, labels = load(o.data, True)
     test_images, test_labels = load(o.data, False)
@@ -164,7 +184,7 @@ def run(rank, o, store_path):
         if in_epoch == 0:
             g = torch.Generator().manual_seed(o.seed * 7919 + (step // steps_per_epoch) * 131 + rank)
             order = shard[torch.randperm(shard.numel(), generator=g)]
-        batch = order[in_epoch * o.batch:(in_epoch + 1) * o.batch]
+        batch = order[in_epoch * o.batch : (in_epoch + 1) * o.batch]
         start = time.perf_counter()
         loss = torch.nn.functional.cross_entropy(ddp(images[batch]), labels[batch])
         optimizer.zero_grad(set_to_none=False)
@@ -189,11 +209,14 @@ def run(rank, o, store_path):
     same = all(torch.equal(everyone[0], w) for w in everyone)
     if rank == 0:
         weights = hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
-        print(f"summary: compressor={o.hook} ranks={ranks} backend=gloo-ddp bucket_kb={o.bucket_kb} "
-              f"target={o.target:.3f} time_to_target_s={'not-reached' if to_target is None else f'{to_target:.6f}'} "
-              f"steps_to_target={'not-reached' if steps_to is None else steps_to} final_accuracy={accuracy:.4f} "
-              f"steps={step} wire_bytes_per_step={wire_bytes(o, model, state)} replicas={'equal' if same else 'DIFFER'} "
-              f"weights={weights} status={'diverged' if diverged else 'trained'}", flush=True)
+        print(
+            f"summary: compressor={o.hook} ranks={ranks} backend=gloo-ddp bucket_kb={o.bucket_kb} "
+            f"target={o.target:.3f} time_to_target_s={'not-reached' if to_target is None else f'{to_target:.6f}'} "
+            f"steps_to_target={'not-reached' if steps_to is None else steps_to} final_accuracy={accuracy:.4f} "
+            f"steps={step} wire_bytes_per_step={wire_bytes(o, model, state)} replicas={'equal' if same else 'DIFFER'} "
+            f"weights={weights} status={'diverged' if diverged else 'trained'}",
+            flush=True,
+        )
     dist.destroy_process_group()
     if not same:
         sys.exit(4)

@@ -98,7 +98,10 @@ binaries() {  # sets LD_LIBRARY_PATH; builds here when the kit's binaries do not
 profile() {
   binaries
   local ncu row
-  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1 || true)
+  ncu=$(command -v ncu || true)
+  for candidate in /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
+    [ -n "$ncu" ] || [ ! -x "$candidate" ] || ncu=$candidate
+  done
   [ -n "$ncu" ] || { echo "profile: no ncu here"; return 0; }
   mkdir -p "$out/profile"
   for row in ${ROWS:-bf16 topkc:fraction=0.01 thc:bits=4,block=1024 qsgd_multiscale intsgd}; do

@@ -4,17 +4,18 @@ gradcomp's CollectiveError within the timeout instead of hanging.
 
     PYTHONPATH=build/python:build/test/torch python3 test/torch/c10d_test.py [doctest options]
 """
+
 import os
 import sys
 import time
 
 import torch.distributed as dist
-
 from gloo_ranks import RANKS, init, launch
 
 
 def suite(rank, path, args, results):
     import gradcomp_c10d_tests
+
     init(rank, path)
     results[rank] = gradcomp_c10d_tests.run(dist.group.WORLD, args)
     dist.destroy_process_group()
@@ -22,6 +23,7 @@ def suite(rank, path, args, results):
 
 def peer_fails(rank, path, mode, results):
     import gradcomp_c10d_tests
+
     init(rank, path)
     dist.barrier()
     if rank == RANKS - 1:

@@ -18,8 +18,10 @@ was built without CUDA.
 
     PYTHONPATH=build/python python3 test/torch/ddp_cuda_test.py
 """
+
 import datetime
 import gc
+import itertools
 import os
 import sys
 import tempfile
@@ -28,7 +30,6 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from gloo_ranks import Checks
 
 SHAPES = (64, 256, 256, 10)
@@ -40,7 +41,7 @@ EXACT = ("thc", "intsgd", "qsgd")  # integer lanes: any order sums them exactly
 def model(device, seed=0):
     torch.manual_seed(seed)
     layers = []
-    for a, b in zip(SHAPES, SHAPES[1:]):
+    for a, b in itertools.pairwise(SHAPES):
         layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
     net = torch.nn.Sequential(*layers[:-1]).to(device)
     return net, torch.nn.parallel.DistributedDataParallel(net, device_ids=[device], bucket_cap_mb=0.15)
@@ -70,10 +71,17 @@ def replicas_equal(net, ranks):
 
 def run(rank, ranks, path, folder, results):
     import gradcomp.torch as gct
+
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
-    dist.init_process_group("nccl", store=dist.FileStore(path, ranks), rank=rank, world_size=ranks,
-                            timeout=datetime.timedelta(seconds=60), device_id=device)
+    dist.init_process_group(
+        "nccl",
+        store=dist.FileStore(path, ranks),
+        rank=rank,
+        world_size=ranks,
+        timeout=datetime.timedelta(seconds=60),
+        device_id=device,
+    )
     gloo = dist.new_group(backend="gloo")
     out = {}
     for spec in SPECS:
@@ -81,7 +89,7 @@ def run(rank, ranks, path, folder, results):
         state = gct.GradcompState(ddp.process_group, spec, warmup=1, seed=7, **OPTIONS)
         seen = []  # (index, shapes, input, output) of every bucket after warm-up
 
-        def recording(state, bucket):
+        def recording(state, bucket, seen=seen):
             entry = (bucket.index(), [list(p.shape) for p in bucket.parameters()], bucket.buffer().clone())
             warm = state.iterations >= state.warmup
 
@@ -89,6 +97,7 @@ def run(rank, ranks, path, folder, results):
                 if warm:
                     seen.append((*entry, fut.value().clone()))
                 return fut.value()
+
             return gct.hook(state, bucket).then(keep)
 
         ddp.register_comm_hook(state, recording)
@@ -112,7 +121,7 @@ def run(rank, ranks, path, folder, results):
         x, y = batch(rank, 6, device)
         loss7 = torch.nn.functional.cross_entropy(ddp(x), y)
         start = time.perf_counter()
-        torch.cuda._sleep(10 ** 9)  # cycles: about half a second
+        torch.cuda._sleep(10**9)  # cycles: about half a second
         loss7.backward()
         returned = time.perf_counter() - start
         torch.cuda.synchronize()
@@ -125,9 +134,18 @@ def run(rank, ranks, path, folder, results):
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
         nan_everywhere = all(bool(torch.isnan(p.grad).all()) for p in net.parameters())
-        out[spec] = dict(finite=loss == loss and abs(loss) < 100, replicas=replicas_equal(net, ranks),
-                         wire=state.wire_bytes, seen=len(seen), same=same, worst=worst, returned=returned,
-                         finished=finished, nan_everywhere=nan_everywhere, descriptions=sorted({state.description(i) for i in range(8)} - {""}))
+        out[spec] = dict(
+            finite=loss == loss and abs(loss) < 100,
+            replicas=replicas_equal(net, ranks),
+            wire=state.wire_bytes,
+            seen=len(seen),
+            same=same,
+            worst=worst,
+            returned=returned,
+            finished=finished,
+            nan_everywhere=nan_everywhere,
+            descriptions=sorted({state.description(i) for i in range(8)} - {""}),
+        )
 
     # Saved after 4 iterations and loaded into a fresh model: bitwise the same.
     weights = {}
@@ -146,8 +164,9 @@ def run(rank, ranks, path, folder, results):
         for it in range(first, last):
             step(ddp, optimizer, rank, it, device)
         if phase == "first":
-            torch.save({"model": net.state_dict(), "optimizer": optimizer.state_dict(),
-                        "gradcomp": state.state_dict()}, saved)
+            torch.save(
+                {"model": net.state_dict(), "optimizer": optimizer.state_dict(), "gradcomp": state.state_dict()}, saved
+            )
         weights[phase] = torch.cat([p.detach().flatten() for p in net.parameters()]).cpu()
         dist.barrier()
     out["resumed bitwise"] = torch.equal(weights["whole"], weights["resumed"])
@@ -157,9 +176,12 @@ def run(rank, ranks, path, folder, results):
 
 def main():
     import gradcomp.torch as gct
+
     if not torch.cuda.is_available() or not gct.device_buckets:
-        print("skipped: " + ("no CUDA device" if not torch.cuda.is_available() else
-                             "the gradcomp module was built without CUDA"))
+        print(
+            "skipped: "
+            + ("no CUDA device" if not torch.cuda.is_available() else "the gradcomp module was built without CUDA")
+        )
         return 77
     ranks = min(torch.cuda.device_count(), 4)
     with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
@@ -170,25 +192,37 @@ def main():
 
     for spec in SPECS:
         r0 = results[0][spec]
-        check(all(results[r][spec]["finite"] and results[r][spec]["replicas"] for r in range(ranks)) and
-              r0["wire"] > 0 and r0["seen"] > 0,
-              f"{spec} on {ranks} GPU(s): trains, replicas bitwise equal, {r0['wire']} wire bytes, {r0['descriptions']}")
+        check(
+            all(results[r][spec]["finite"] and results[r][spec]["replicas"] for r in range(ranks))
+            and r0["wire"] > 0
+            and r0["seen"] > 0,
+            f"{spec} on {ranks} GPU(s): trains, replicas bitwise equal, {r0['wire']} wire bytes, {r0['descriptions']}",
+        )
         worst = max(results[r][spec]["worst"] for r in range(ranks))
         if spec.startswith("powersgd"):
             check(worst <= 1e-3, f"{spec}: every bucket's device result is the host path's within {worst:.1e}")
         elif spec in EXACT or ranks <= 2:
-            check(all(results[r][spec]["same"] for r in range(ranks)),
-                  f"{spec}: every bucket's device result is the host path's, bitwise ({r0['seen']} buckets)")
+            check(
+                all(results[r][spec]["same"] for r in range(ranks)),
+                f"{spec}: every bucket's device result is the host path's, bitwise ({r0['seen']} buckets)",
+            )
         else:
-            check(worst <= 2 ** -6, f"{spec}: every bucket's device result is the host path's within {worst:.1e}")
+            check(worst <= 2**-6, f"{spec}: every bucket's device result is the host path's within {worst:.1e}")
         returned = max(results[r][spec]["returned"] for r in range(ranks))
         finished = min(results[r][spec]["finished"] for r in range(ranks))
-        check(all(results[r][spec]["nan_everywhere"] for r in range(ranks)),
-              f"{spec}: a NaN in rank 0's gradients makes every bucket NaN on every rank")
-        check(returned < 0.5 * finished, f"{spec}: backward() returned after {returned * 1e3:.1f} ms, the stream "
-                                         f"finished after {finished * 1e3:.1f} ms: the host did not wait")
-    check(all(results[r]["resumed bitwise"] for r in range(ranks)),
-          "topkc: saved at iteration 4 and loaded into fresh models, iteration 8 is bitwise the same")
+        check(
+            all(results[r][spec]["nan_everywhere"] for r in range(ranks)),
+            f"{spec}: a NaN in rank 0's gradients makes every bucket NaN on every rank",
+        )
+        check(
+            returned < 0.5 * finished,
+            f"{spec}: backward() returned after {returned * 1e3:.1f} ms, the stream "
+            f"finished after {finished * 1e3:.1f} ms: the host did not wait",
+        )
+    check(
+        all(results[r]["resumed bitwise"] for r in range(ranks)),
+        "topkc: saved at iteration 4 and loaded into fresh models, iteration 8 is bitwise the same",
+    )
     return 1 if check.failed() else 0
 
 

@@ -17,7 +17,9 @@
 
     PYTHONPATH=build/python:build/test/torch python3 test/torch/ddp_test.py
 """
+
 import copy
+import itertools
 import os
 import pickle
 import sys
@@ -25,7 +27,6 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-
 from gloo_ranks import RANKS, Checks, init, launch
 
 SHAPES = (64, 256, 256, 10)
@@ -38,10 +39,10 @@ class Net(torch.nn.Module):
 
     def __init__(self, shuffled=False):
         super().__init__()
-        layers = [torch.nn.Linear(a, b) for a, b in zip(SHAPES, SHAPES[1:])]
+        layers = [torch.nn.Linear(a, b) for a, b in itertools.pairwise(SHAPES)]
         order = [1, 2, 0] if shuffled else [0, 1, 2]
         self.names = [f"l{i}" for i in order]
-        for name, i in zip(self.names, order):
+        for name, i in zip(self.names, order, strict=True):
             self.add_module(name, layers[i])
         self.forward_order = [f"l{i}" for i in range(len(layers))]
 
@@ -91,6 +92,7 @@ OPTIONS = dict(min_compression_elements=1000)  # this model's buckets are small
 
 def every_compressor(rank, path, results):
     import gradcomp.torch as gct
+
     init(rank, path)
     out = {}
     for name in gct.compressors():
@@ -99,8 +101,13 @@ def every_compressor(rank, path, results):
         state = gct.register(ddp, spec, warmup=1, **OPTIONS)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
         loss = train(ddp, optimizer, 0, 4, rank)
-        out[name] = (loss == loss and abs(loss) < 100, replicas_equal(net), state.iterations, state.wire_bytes,
-                     sorted({state.description(i) for i in range(8)} - {""}))
+        out[name] = (
+            loss == loss and abs(loss) < 100,
+            replicas_equal(net),
+            state.iterations,
+            state.wire_bytes,
+            sorted({state.description(i) for i in range(8)} - {""}),
+        )
     results[rank] = out
     dist.destroy_process_group()
 
@@ -108,6 +115,7 @@ def every_compressor(rank, path, results):
 def hook_equals_allreducer(rank, path, results):
     import gradcomp.torch as gct
     import gradcomp_c10d_tests
+
     init(rank, path)
     out = {}
     cases = [(spec, torch.float32) for spec in ("bf16", "thc", "intsgd", "qsgd", "topkc:fraction=1")]
@@ -117,13 +125,18 @@ def hook_equals_allreducer(rank, path, results):
         state = gct.GradcompState(ddp.process_group, spec, **OPTIONS)
         seen = []  # (iteration, index, shapes, input, output) of every bucket
 
-        def recording(state, bucket):
-            entry = [state.iterations, bucket.index(), [list(p.shape) for p in bucket.parameters()],
-                     bucket.buffer().clone()]
+        def recording(state, bucket, seen=seen):
+            entry = [
+                state.iterations,
+                bucket.index(),
+                [list(p.shape) for p in bucket.parameters()],
+                bucket.buffer().clone(),
+            ]
 
             def keep(fut):
                 seen.append((*entry, fut.value().clone()))
                 return fut.value()
+
             return gct.hook(state, bucket).then(keep)
 
         ddp.register_comm_hook(state, recording)
@@ -142,8 +155,9 @@ def hook_equals_allreducer(rank, path, results):
                 history.append(everyone)
             n = before.numel()
             compressed = any(len(s) > 1 for s in shapes) and n >= OPTIONS["min_compression_elements"]
-            expected = gradcomp_c10d_tests.local_allreduce(spec if compressed else "bf16", shapes, index, history,
-                                                           rank).to(dtype)
+            expected = gradcomp_c10d_tests.local_allreduce(
+                spec if compressed else "bf16", shapes, index, history, rank
+            ).to(dtype)
             same = same and after.dtype == dtype and torch.equal(expected, after)
             worst = max(worst, ((expected - after).abs().max() / expected.abs().max()).item())
         out[(spec, str(dtype).removeprefix("torch."))] = (same, worst, replicas_equal(net))
@@ -156,6 +170,7 @@ def checkpointed(rank, path, phase, spec, folder, results):
     trains the last 4 ("resumed"); also what an automatic spec chose, and
     whether every rank chose the same."""
     import gradcomp.torch as gct
+
     init(rank, path)
     net, ddp = model(seed=3)
     state = gct.register(ddp, spec, warmup=2, **OPTIONS)
@@ -165,8 +180,9 @@ def checkpointed(rank, path, phase, spec, folder, results):
         train(ddp, optimizer, 0, 8, rank)
     elif phase == "first":
         train(ddp, optimizer, 0, 4, rank)
-        torch.save({"model": net.state_dict(), "optimizer": optimizer.state_dict(), "gradcomp": state.state_dict()},
-                   file)
+        torch.save(
+            {"model": net.state_dict(), "optimizer": optimizer.state_dict(), "gradcomp": state.state_dict()}, file
+        )
     else:
         saved = torch.load(file, weights_only=False)
         net.load_state_dict(saved["model"])
@@ -177,11 +193,15 @@ def checkpointed(rank, path, phase, spec, folder, results):
     choices = state.choices()
     everyone = [None] * RANKS
     dist.all_gather_object(everyone, choices)
-    results[rank] = dict(weights=weights(net), replicas_equal=replicas_equal(net),
-                         pickles=copy.state_dict()["buckets"].keys() == state.state_dict()["buckets"].keys() and
-                         copy.iterations == state.iterations,
-                         choices=choices, same_choices=all(c == choices for c in everyone),
-                         descriptions={i: state.description(i) for i in choices})
+    results[rank] = dict(
+        weights=weights(net),
+        replicas_equal=replicas_equal(net),
+        pickles=copy.state_dict()["buckets"].keys() == state.state_dict()["buckets"].keys()
+        and copy.iterations == state.iterations,
+        choices=choices,
+        same_choices=all(c == choices for c in everyone),
+        descriptions={i: state.description(i) for i in choices},
+    )
     dist.destroy_process_group()
 
 
@@ -193,6 +213,7 @@ AUTO = "auto:of=topkc:fraction=0.25+powersgd"
 
 def rebuilt(rank, path, results):
     import gradcomp.torch as gct
+
     init(rank, path)
     net, ddp = model(shuffled=True)
     state = gct.register(ddp, "topkc", **OPTIONS)  # no warm-up: the first buckets are built, then rebuilt
@@ -207,6 +228,7 @@ def lanes(rank, path, results):
     into a fresh DDP (whose first bucket spans reductions of several lanes)
     on 3 lanes, and 3 more."""
     import gradcomp.torch as gct
+
     init(rank, path)
 
     def trained(n, first, last, saved=None):
@@ -225,8 +247,9 @@ def lanes(rank, path, results):
         net, _, state = trained(n, 0, 6)
         out[n] = (weights(net), state.lanes, replicas_equal(net))
     net, optimizer, state = trained(2, 0, 3)
-    saved = copy.deepcopy({"model": net.state_dict(), "optimizer": optimizer.state_dict(),
-                           "gradcomp": state.state_dict()})
+    saved = copy.deepcopy(
+        {"model": net.state_dict(), "optimizer": optimizer.state_dict(), "gradcomp": state.state_dict()}
+    )
     net, _, state = trained(3, 3, 6, saved)
     out["resumed"] = weights(net)
     results[rank] = out
@@ -235,6 +258,7 @@ def lanes(rank, path, results):
 
 def bad_specs(rank, path, results):
     import gradcomp.torch as gct
+
     init(rank, path)
     out = []
     for spec in ("topkc:fraction=0.1,bits=4", "nosuch"):  # a key topkc does not take; no such compressor
@@ -258,11 +282,23 @@ def bad_specs(rank, path, results):
 def main():
     check = Checks()
 
+    # register() checks what it is given before anything else.
+    import gradcomp.torch as gct
+
+    for given, wanted in ((torch.nn.Linear(2, 2), "DistributedDataParallel"), (3, "DistributedDataParallel")):
+        try:
+            gct.register(given, "bf16")
+            check(False, f"register({type(given).__name__}) raises TypeError")
+        except TypeError as e:
+            check(wanted in str(e), f"register({type(given).__name__}) raises TypeError naming {wanted}: {e}")
+
     results = launch(every_compressor)
     for name, (finite, same, iterations, wire, descriptions) in results[0].items():
         agree = all(results[r][name][:4] == results[0][name][:4] for r in range(RANKS))
-        check(finite and same and iterations == 4 and wire > 0 and agree,
-              f"{name}: trains 4 iterations, replicas bitwise equal, {wire} wire bytes, buckets {descriptions}")
+        check(
+            finite and same and iterations == 4 and wire > 0 and agree,
+            f"{name}: trains 4 iterations, replicas bitwise equal, {wire} wire bytes, buckets {descriptions}",
+        )
 
     results = launch(hook_equals_allreducer)
     for spec, dtype in results[0]:
@@ -272,19 +308,23 @@ def main():
         what = f"{spec}, {dtype} model: each bucket's hook result is gradcomp's allreducer's over local_group"
         check(all(results[r][case][2] for r in range(RANKS)), f"{spec}, {dtype} model: replicas bitwise equal")
         if spec in ("thc", "intsgd", "qsgd"):
-            check(all(results[r][case][0] for r in range(RANKS)), what + (", bitwise" if dtype == "float32" else
-                                                                          f", rounded to {dtype}: bitwise"))
+            check(
+                all(results[r][case][0] for r in range(RANKS)),
+                what + (", bitwise" if dtype == "float32" else f", rounded to {dtype}: bitwise"),
+            )
         else:
             worst = max(results[r][case][1] for r in range(RANKS))
-            check(worst <= 2 ** -6, f"{what}, within {worst:.1e} of the largest value")
+            check(worst <= 2**-6, f"{what}, within {worst:.1e} of the largest value")
 
     for spec in ("topkc", "powersgd"):
         with tempfile.TemporaryDirectory() as folder:
             whole = launch(checkpointed, "whole", spec, folder)
             launch(checkpointed, "first", spec, folder)
             resumed = launch(checkpointed, "resumed", spec, folder)
-        check(all(torch.equal(whole[r]["weights"], resumed[r]["weights"]) for r in range(RANKS)),
-              f"{spec}: saved at iteration 4 and loaded into fresh processes, iteration 8 is bitwise the same")
+        check(
+            all(torch.equal(whole[r]["weights"], resumed[r]["weights"]) for r in range(RANKS)),
+            f"{spec}: saved at iteration 4 and loaded into fresh processes, iteration 8 is bitwise the same",
+        )
         check(all(resumed[r]["pickles"] for r in range(RANKS)), f"{spec}: the state pickles without its process group")
 
     with tempfile.TemporaryDirectory() as folder:
@@ -292,23 +332,40 @@ def main():
         resumed = launch(checkpointed, "resumed", AUTO, folder)
     choices = first[0]["choices"]
     import gradcomp.torch as gct
+
     candidates = {gct.parse_spec(s) for s in AUTO.removeprefix("auto:of=").split("+")}
-    check(len(choices) > 0 and set(choices.values()) <= candidates and
-          all(first[r]["same_choices"] and first[r]["replicas_equal"] for r in range(RANKS)),
-          f"auto: every compressed bucket planned, the same choice on every rank, among the candidates: {choices}")
-    check(all(resumed[r]["choices"] == choices and resumed[r]["replicas_equal"] and
-              resumed[r]["descriptions"] == first[r]["descriptions"] for r in range(RANKS)),
-          f"auto: a loaded state keeps the saved choices: {resumed[0]['descriptions']}")
+    check(
+        len(choices) > 0
+        and set(choices.values()) <= candidates
+        and all(first[r]["same_choices"] and first[r]["replicas_equal"] for r in range(RANKS)),
+        f"auto: every compressed bucket planned, the same choice on every rank, among the candidates: {choices}",
+    )
+    check(
+        all(
+            resumed[r]["choices"] == choices
+            and resumed[r]["replicas_equal"]
+            and resumed[r]["descriptions"] == first[r]["descriptions"]
+            for r in range(RANKS)
+        ),
+        f"auto: a loaded state keeps the saved choices: {resumed[0]['descriptions']}",
+    )
 
     results = launch(rebuilt)
     check(all(results[r] == (True, 4) for r in range(RANKS)), "DDP's rebuilt buckets get reductions of their own")
 
     results = launch(lanes)
-    check(all(results[r][n][1:] == (n, True) and torch.equal(results[r][n][0], results[r][1][0])
-              for r in range(RANKS) for n in (1, 2, 3)),
-          "host buckets on 1, 2 and 3 lanes (each lane made) train bitwise alike, replicas equal")
-    check(all(torch.equal(results[r]["resumed"], results[r][1][0]) for r in range(RANKS)),
-          "a state saved on 2 lanes at iteration 3 and loaded on 3 lanes continues bitwise")
+    check(
+        all(
+            results[r][n][1:] == (n, True) and torch.equal(results[r][n][0], results[r][1][0])
+            for r in range(RANKS)
+            for n in (1, 2, 3)
+        ),
+        "host buckets on 1, 2 and 3 lanes (each lane made) train bitwise alike, replicas equal",
+    )
+    check(
+        all(torch.equal(results[r]["resumed"], results[r][1][0]) for r in range(RANKS)),
+        "a state saved on 2 lanes at iteration 3 and loaded on 3 lanes continues bitwise",
+    )
 
     results = launch(bad_specs)
     for r in range(RANKS):

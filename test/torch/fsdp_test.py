@@ -8,21 +8,21 @@
 
     PYTHONPATH=build/python:build/test/torch python3 test/torch/fsdp_test.py
 """
+
 import os
 import sys
 
 import torch
 import torch.distributed as dist
-
 from gloo_ranks import RANKS, Checks, init, launch
 
 
 def shards_match(rank, path, results):
+    import gradcomp.torch as gct
+    import gradcomp_c10d_tests
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    import gradcomp.torch as gct
-    import gradcomp_c10d_tests
     init(rank, path)
     mesh = init_device_mesh("cpu", (RANKS,))
     out = {}
@@ -35,7 +35,7 @@ def shards_match(rank, path, results):
         calls = []  # (input, output) of every call
 
         class Recording(gct.ReduceScatter):
-            def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            def __call__(self, output_tensor, input_tensor, group, op, async_op=False, calls=calls):
                 before = input_tensor.clone()
                 result = super().__call__(output_tensor, input_tensor, group, op, async_op)
                 calls.append((before, output_tensor.clone()))
@@ -61,8 +61,8 @@ def shards_match(rank, path, results):
             history.append([e.flatten() for e in everyone])
         same, worst = True, 0.0
         for step in range(len(calls)):
-            mean = gradcomp_c10d_tests.local_allreduce(spec, [[RANKS * padded]], 0, history[:step + 1], rank)
-            expected = mean[rank * padded:rank * padded + block]
+            mean = gradcomp_c10d_tests.local_allreduce(spec, [[RANKS * padded]], 0, history[: step + 1], rank)
+            expected = mean[rank * padded : rank * padded + block]
             got = calls[step][1]
             same = same and torch.equal(expected, got)
             worst = max(worst, ((expected - got).abs().max() / expected.abs().max().clamp_min(1e-30)).item())
@@ -73,6 +73,7 @@ def shards_match(rank, path, results):
 
 def refused(rank, path, results):
     import gradcomp.torch as gct
+
     init(rank, path)
     try:
         gct.ReduceScatter("powersgd")
@@ -85,17 +86,30 @@ def refused(rank, path, results):
 def main():
     check = Checks()
 
+    # shard() refuses a model without FSDP2 modules, naming what to do.
+    import gradcomp.torch as gct
+
+    try:
+        gct.shard(torch.nn.Linear(2, 2), "thc")
+        check(False, "shard(a module without fully_shard) raises TypeError")
+    except TypeError as e:
+        check("fully_shard" in str(e), f"shard(a module without fully_shard) raises TypeError naming fully_shard: {e}")
+
     results = launch(shards_match)
-    for spec, (same, worst, calls, block, padded, wire) in results[0].items():
+    for spec, (_, worst, calls, block, padded, wire) in results[0].items():
         exact = spec in ("thc", "qsgd")
-        ok = all(results[r][spec][0] for r in range(RANKS)) if exact else \
-            max(results[r][spec][1] for r in range(RANKS)) <= 2 ** -6
-        check(ok and calls == 3 and wire > 0,
-              f"{spec}: {calls} reduce-scatters of blocks of {block} (padded to {padded}), each rank's shard "
-              f"{'bitwise' if exact else f'within {worst:.1e} of'} the slice of the all-reduce, {wire} wire bytes")
+        ok = (
+            all(results[r][spec][0] for r in range(RANKS))
+            if exact
+            else max(results[r][spec][1] for r in range(RANKS)) <= 2**-6
+        )
+        check(
+            ok and calls == 3 and wire > 0,
+            f"{spec}: {calls} reduce-scatters of blocks of {block} (padded to {padded}), each rank's shard "
+            f"{'bitwise' if exact else f'within {worst:.1e} of'} the slice of the all-reduce, {wire} wire bytes",
+        )
     results = launch(refused)
-    check(all("cannot reduce-scatter" in results[r] for r in range(RANKS)),
-          f"PowerSGD is refused: {results[0][:90]}")
+    check(all("cannot reduce-scatter" in results[r] for r in range(RANKS)), f"PowerSGD is refused: {results[0][:90]}")
     return 1 if check.failed() else 0
 
 

@@ -17,21 +17,43 @@ after warm-up (rank 0 prints its table; ``state.choices()`` says what it
 chose). Every option and its default is ``Options``'s.
 """
 
-from typing import Any, Optional
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from . import _C
-from ._C import (CollectiveError, Error, InvalidArgument, NonfiniteError, Options, compressors, device_buckets,
-                 parse_spec)
+from ._C import (
+    CollectiveError,
+    Error,
+    InvalidArgument,
+    NonfiniteError,
+    Options,
+    compressors,
+    device_buckets,
+    parse_spec,
+)
 
 __version__ = _C.__version__
-__all__ = ["GradcompState", "Options", "register", "hook", "ReduceScatter", "shard", "compressors", "parse_spec",
-           "Error", "InvalidArgument", "CollectiveError", "NonfiniteError", "device_buckets"]
+__all__ = [
+    "GradcompState",
+    "Options",
+    "register",
+    "hook",
+    "ReduceScatter",
+    "shard",
+    "compressors",
+    "parse_spec",
+    "Error",
+    "InvalidArgument",
+    "CollectiveError",
+    "NonfiniteError",
+    "device_buckets",
+]
 
 
-def _options(compressor: Optional[str], options: dict[str, Any]) -> Options:
+def _options(compressor: str | None, options: dict[str, Any]) -> Options:
     """An ``Options`` with ``compressor`` (where given) and ``options`` set;
     the host loops take torch's intra-op thread count unless told."""
     made = Options()
@@ -67,13 +89,19 @@ class GradcompState:
     default group, as PyTorch's ``PowerSGDState`` does.
     """
 
-    def __init__(self, process_group: Optional[dist.ProcessGroup] = None, compressor: Optional[str] = None, *,
-                 model: Optional[torch.nn.Module] = None, **options: Any) -> None:
+    def __init__(
+        self,
+        process_group: dist.ProcessGroup | None = None,
+        compressor: str | None = None,
+        *,
+        model: torch.nn.Module | None = None,
+        **options: Any,
+    ) -> None:
         # A parameter's position in the model names it across processes.
         self._positions = {id(p): i for i, p in enumerate(model.parameters())} if model is not None else {}
         self._bind(process_group, _options(compressor, options))
 
-    def _bind(self, process_group: Optional[dist.ProcessGroup], options: Options) -> None:
+    def _bind(self, process_group: dist.ProcessGroup | None, options: Options) -> None:
         self.process_group = process_group if process_group is not None else dist.group.WORLD
         self._impl = _C.HookState(self.process_group, options)
         self._streams: dict[torch.device, torch.cuda.Stream] = {}  # CUDA device -> its buckets' side stream
@@ -123,8 +151,13 @@ class GradcompState:
         """This rank's state: the options' compressors, the iterations and
         each kind of bucket's checkpoint bytes (every bucket's residual,
         compressor state, compressor and parameters)."""
-        return {"gradcomp": __version__, "compressor": self.compressor, "small": self.small,
-                "iterations": self.iterations, "buckets": self._impl.save()}
+        return {
+            "gradcomp": __version__,
+            "compressor": self.compressor,
+            "small": self.small,
+            "iterations": self.iterations,
+            "buckets": self._impl.save(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores what ``state_dict()`` saved on this rank (every rank loads
@@ -133,8 +166,10 @@ class GradcompState:
         buckets' checkpoints saved under ``"raise"`` loaded into CUDA buckets
         (which always propagate)."""
         if state.get("compressor") != self.compressor or state.get("small") != self.small:
-            raise InvalidArgument(f"gradcomp state: a checkpoint of compressor {state.get('compressor')!r} / small "
-                                  f"{state.get('small')!r} cannot be loaded into {self.compressor!r} / {self.small!r}")
+            raise InvalidArgument(
+                f"gradcomp state: a checkpoint of compressor {state.get('compressor')!r} / small "
+                f"{state.get('small')!r} cannot be loaded into {self.compressor!r} / {self.small!r}"
+            )
         self._impl.load(int(state["iterations"]), dict(state["buckets"]))
 
     def __getstate__(self) -> dict[str, Any]:
@@ -165,8 +200,13 @@ def hook(state: GradcompState, bucket: dist.GradBucket) -> torch.futures.Future[
         return state._impl.reduce(bucket.index(), buffer, positions, shapes, bucket.is_last())
 
 
-def register(model: torch.nn.parallel.DistributedDataParallel, compressor: Optional[str] = None, *,
-             process_group: Optional[dist.ProcessGroup] = None, **options: Any) -> GradcompState:
+def register(
+    model: torch.nn.parallel.DistributedDataParallel,
+    compressor: str | None = None,
+    *,
+    process_group: dist.ProcessGroup | None = None,
+    **options: Any,
+) -> GradcompState:
     """Registers gradcomp's hook on the DDP ``model``, reducing by the
     ``compressor`` spec (or ``"auto:of=..."``, the planner's choice per
     bucket); returns its GradcompState. ``options`` are ``Options``' fields:
@@ -177,9 +217,26 @@ def register(model: torch.nn.parallel.DistributedDataParallel, compressor: Optio
     raising would need the host to wait), ``lanes`` (host buckets reduced at
     once, each over a gloo group of its own split from the process group, as
     gloo runs two collectives at once for PyTorch's own hooks; the results
-    are the same with any number) and ``threads``."""
-    state = GradcompState(process_group if process_group is not None else model.process_group, compressor,
-                          model=model.module, **options)
+    are the same with any number) and ``threads``.
+
+    Raises ``TypeError`` when ``model`` is not the DDP wrapper (a module
+    before ``DistributedDataParallel(module)``, say) or the compressor is not
+    a string, and ``ValueError`` (every rank) for a spec that does not parse."""
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        raise TypeError(
+            "gradcomp.torch.register: expected the torch.nn.parallel.DistributedDataParallel wrapper "
+            f"of the model, got {type(model).__name__} (wrap it first: DistributedDataParallel(module))"
+        )
+    if compressor is not None and not isinstance(compressor, str):
+        raise TypeError(f"gradcomp.torch.register: the compressor is a spec string, got {type(compressor).__name__}")
+    if process_group is not None and not isinstance(process_group, dist.ProcessGroup):
+        raise TypeError(
+            f"gradcomp.torch.register: process_group must be a torch.distributed.ProcessGroup, "
+            f"got {type(process_group).__name__}"
+        )
+    state = GradcompState(
+        process_group if process_group is not None else model.process_group, compressor, model=model.module, **options
+    )
     model.register_comm_hook(state, hook)
     return state
 
@@ -190,6 +247,7 @@ def _fsdp_reduce_scatter_base():
     # the DDP hook is unaffected.
     try:
         from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as Base
+
         return Base
     except ImportError as e:
         reason = f"this PyTorch ({torch.__version__}) has no FSDP2 ReduceScatter interface where 2.15 has it ({e})"
@@ -197,6 +255,7 @@ def _fsdp_reduce_scatter_base():
         class Missing:
             def __init__(self, *args, **kwargs):
                 raise ImportError("gradcomp.torch.ReduceScatter: " + reason)
+
         return Missing
 
 
@@ -207,23 +266,41 @@ class ReduceScatter(_fsdp_reduce_scatter_base()):
     (``module.set_custom_reduce_scatter``; ``shard()`` sets them all); its
     residuals are the module's."""
 
-    def __init__(self, compressor="thc", *, seed=None):
+    def __init__(self, compressor: str = "thc", *, seed: int | None = None) -> None:
+        if not isinstance(compressor, str):
+            raise TypeError(
+                f"gradcomp.torch.ReduceScatter: the compressor is a spec string, got {type(compressor).__name__}"
+            )
         self.compressor = parse_spec(compressor)
         if not _C.shards(self.compressor):
-            raise InvalidArgument(f"gradcomp.torch.ReduceScatter: {self.compressor} cannot reduce-scatter (its "
-                                  f"payload does not sum element by element, or needs the tensors' shapes)")
+            raise InvalidArgument(
+                f"gradcomp.torch.ReduceScatter: {self.compressor} cannot reduce-scatter (its "
+                f"payload does not sum element by element, or needs the tensors' shapes)"
+            )
         self.seed = seed
         self._impl = None
         self._group = None
 
-    def allocate(self, size, *, dtype, device):
+    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """FSDP's buffer for a reduce-scatter's input or output."""
         return torch.empty(*size, dtype=dtype, device=device)
 
-    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+    def __call__(
+        self,
+        output_tensor: torch.Tensor,
+        input_tensor: torch.Tensor,
+        group: dist.ProcessGroup,
+        op: dist.ReduceOp,
+        async_op: bool = False,
+    ) -> None:
+        """Reduce-scatters ``input_tensor`` into this rank's ``output_tensor``
+        shard, as the mean over ``group`` (FSDP asks for ``ReduceOp.AVG``)."""
         if op != dist.ReduceOp.AVG:
-            raise InvalidArgument(f"gradcomp.torch.ReduceScatter computes the mean (ReduceOp.AVG); FSDP asked for "
-                                  f"{op} (a gradient_divide_factor other than the world size, or 16-bit "
-                                  f"reduce_dtype other than bf16)")
+            raise InvalidArgument(
+                f"gradcomp.torch.ReduceScatter computes the mean (ReduceOp.AVG); FSDP asked for "
+                f"{op} (a gradient_divide_factor other than the world size, or 16-bit "
+                f"reduce_dtype other than bf16)"
+            )
         if self._impl is None or self._group is not group:
             self._impl = _C.ReduceScatterState(group, self.compressor, self.seed, torch.get_num_threads())
             self._group = group
@@ -231,18 +308,28 @@ class ReduceScatter(_fsdp_reduce_scatter_base()):
         return None
 
     @property
-    def wire_bytes(self):
+    def wire_bytes(self) -> int:
         """Bytes the last call put on the wire, per rank."""
         return self._impl.wire_bytes if self._impl is not None else 0
 
 
-def shard(model, compressor="thc", **options):
+def shard(model: torch.nn.Module, compressor: str = "thc", **options: Any) -> list[ReduceScatter]:
     """Gives every FSDP2 module of ``model`` (``fully_shard`` applied) a
-    gradcomp ReduceScatter of its own; returns them."""
+    gradcomp ReduceScatter of its own; returns them. ``options`` are
+    ReduceScatter's (``seed``). Raises ``TypeError`` when ``model`` is not a
+    module or holds no FSDP2 module (``fully_shard`` not applied yet)."""
     from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"gradcomp.torch.shard: expected a torch.nn.Module, got {type(model).__name__}")
+    modules = [module for module in model.modules() if isinstance(module, FSDPModule)]
+    if not modules:
+        raise TypeError(
+            f"gradcomp.torch.shard: {type(model).__name__} holds no FSDP2 module "
+            "(apply torch.distributed.fsdp.fully_shard to it first)"
+        )
     comms = []
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            comms.append(ReduceScatter(compressor, **options))
-            module.set_custom_reduce_scatter(comms[-1])
+    for module in modules:
+        comms.append(ReduceScatter(compressor, **options))
+        module.set_custom_reduce_scatter(comms[-1])
     return comms

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The Python package as a user installs it: a fresh virtual environment that
+# sees the PyTorch already installed, `pip install --no-build-isolation` of
+# this checkout, then `python -m gradcomp` and the DDP and FSDP tests, run from
+# / against the installed copy (GRADCOMP_EXPECT_INSTALLED: the tests refuse a
+# gradcomp found anywhere else, which is checked first with the build tree's
+# package). The tests' own helper module (gradcomp_c10d_tests, the reference
+# reductions) still comes from the CMake build.
+#
+#   bash test/torch/installed_test.sh [BUILD_DIR]   (default: build)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+venv=$root/build-venv
+pip=(--disable-pip-version-check --root-user-action=ignore -q)
+
+rm -rf "$venv"
+python3 -m venv --system-site-packages "$venv"
+"$venv/bin/pip" install "${pip[@]}" "scikit-build-core>=0.10"
+# The build directory sits beside the CMake build's, so ccache serves both.
+"$venv/bin/pip" install "${pip[@]}" --no-build-isolation -C build-dir="$root/build-wheel" "$root"
+
+cd /
+export GRADCOMP_EXPECT_INSTALLED=1 OMP_NUM_THREADS=1
+tests=$root/test/torch
+if [ -d "$build/python/gradcomp" ] &&
+  PYTHONPATH=$build/python:$tests "$venv/bin/python" -c "import gloo_ranks" 2>/dev/null; then
+  echo "FAIL: the tests accepted gradcomp from the build tree $build/python" >&2
+  exit 1
+fi
+export PYTHONPATH=$build/test/torch
+"$venv/bin/python" -m gradcomp
+"$venv/bin/python" "$tests/ddp_test.py"
+"$venv/bin/python" "$tests/fsdp_test.py"
