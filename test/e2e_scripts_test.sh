@@ -4,6 +4,7 @@
 # commands pass to --only is one the scripts know, and (given the trainer)
 # the scripts' list covers the registry and passes flags the trainer has.
 #   e2e_scripts_test.sh [TRAIN]
+# shellcheck disable=SC2016  # (the checks grep the scripts for literal "$variables")
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 failures=0
@@ -72,7 +73,7 @@ for script in bench/e2e/run.sh bench/e2e/two_nodes.sh bench/e2e/validate.sh; do 
 done
 
 # Every --only list in the docs names known compressors (torch.sh's: its hooks).
-docs=(README.md bench/e2e/results/README.md)
+docs=(README.md docs/*.md bench/e2e/results/README.md)
 torch_hooks=$(sed -n '/^hooks=(/,/^)/p' bench/e2e/torch.sh | grep -o '"[^|"]*|' | tr -d '"|')
 while read -r line; do
   names=$(grep -o -- '--only "[^"]*"' <<< "$line" | sed 's/--only "\(.*\)"/\1/')
