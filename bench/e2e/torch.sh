@@ -90,20 +90,26 @@ for line in open(sys.argv[1]):
     runs[(f["rate"], f["name"])].append(f)
     if f["rate"] not in rates:
         rates.append(f["rate"])
-def spread(values):
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})" if values else "not reached"
+def spread(values, digits):
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+def reached(fs):
+    return [f for f in fs if f["time_to_target_s"] != "not-reached"]
 for rate in rates:
-    print(f"\n{rate}: seconds to {float(sys.argv[2]):.0%} test accuracy, median of the seeds (range)\n")
-    print("| hook | time to target, s | x torch-bf16 | steps | final accuracy | wire bytes/step |")
-    print("|---|---:|---:|---:|---:|---:|")
-    base = [float(f["time_to_target_s"]) for f in runs[(rate, "torch-bf16")] if f["time_to_target_s"] != "not-reached"]
+    print(f"\n{rate}: to {float(sys.argv[2]):.0%} test accuracy, median of the seeds (range); "
+          "ms per step = time to target / steps to target\n")
+    print("| hook | time to target, s | x torch-bf16 | steps | ms per step | final accuracy | wire bytes/step |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    base = [float(f["time_to_target_s"]) for f in reached(runs[(rate, "torch-bf16")])]
     for (r, name), fs in runs.items():
         if r != rate:
             continue
-        t = [float(f["time_to_target_s"]) for f in fs if f["time_to_target_s"] != "not-reached"]
-        steps = [float(f["steps_to_target"]) for f in fs if f["steps_to_target"] != "not-reached"]
+        ok = reached(fs)
+        t = [float(f["time_to_target_s"]) for f in ok]
+        steps = [int(f["steps_to_target"]) for f in ok]
+        per_step = [1e3 * float(f["time_to_target_s"]) / int(f["steps_to_target"]) for f in ok]
         ratio = f"{statistics.median(t) / statistics.median(base):.2f}" if t and base else "-"
-        reached = f" ({len(t)} of {len(fs)} reached)" if len(t) < len(fs) else ""
-        print(f"| {name} | {spread(t)}{reached} | {ratio} | {statistics.median(steps) if steps else '-':} | "
+        note = f" ({len(ok)} of {len(fs)} reached)" if len(ok) < len(fs) else ""
+        print(f"| {name} | {spread(t, 2) if t else 'not reached'}{note} | {ratio} | "
+              f"{statistics.median(steps) if steps else '-':g} | {spread(per_step, 1) if ok else '-'} | "
               f"{statistics.median(float(f['final_accuracy']) for f in fs):.4f} | {fs[0]['wire_bytes_per_step']} |")
 EOF
