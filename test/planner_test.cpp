@@ -220,7 +220,10 @@ TEST_CASE("two levels: each level's calls priced on its own network, measured th
     REQUIRE(inside != nullptr);
     if (faithful_timing) {
       CHECK(across->fit.latency == doctest::Approx(latency).epsilon(0.05));
-      CHECK(inside->fit.latency < latency / 4);
+      // Measured inside the node, not across: over the slow link its latency
+      // could not fit below `latency`. (A bound of latency / 4 failed once
+      // under ASan, 4 thread ranks on 2 cores: 0.56 ms.)
+      CHECK(inside->fit.latency < latency / 2);
     }
     for (auto const& c : plan.buckets) {
       CHECK(c.rows[1].refused.find("cannot be sharded") != std::string::npos);  // classic TopK
