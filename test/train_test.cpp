@@ -91,8 +91,8 @@ TEST_CASE("every compressor's defaults train the example task") {
     INFO(C::name);
     train::options o;
     o.compressor = std::string(C::name);
-    o.max_steps = 300;
-    o.eval_every = 100;
+    o.max_steps = 150;  // the slowest to learn, PowerSGD at rank 1, is near 0.69 by then
+    o.eval_every = 50;
     train::result r;
     REQUIRE_NOTHROW(gradcomp::local_group::run(4, [&](gradcomp::local_group::communicator& comm) {
       auto mine = train::train_rank(comm, o, training_data(), test_data());

@@ -12,6 +12,9 @@
 #include "reducers.hpp"
 
 #include <gradcomp/gradcomp.hpp>
+#if TRAIN_HAS_MPI
+#include <gradcomp/collectives/mpi.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -208,5 +211,16 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
   if (rank != 0) out.records.clear();
   return out;
 }
+
+// Compiled once for each collective the trainer runs over, in
+// train_rank_local.cpp and train_rank_mpi.cpp: every compressor under every
+// reducer is most of the example's build time, and the trainer and its tests
+// link these objects rather than compile them again.
+extern template result train_rank(gradcomp::local_group::communicator&, options const&, dataset const&, dataset const&,
+                                  reducer_factory);
+#if TRAIN_HAS_MPI
+extern template result train_rank(gradcomp::mpi_communicator&, options const&, dataset const&, dataset const&,
+                                  reducer_factory);
+#endif
 
 }  // namespace train

@@ -7,6 +7,7 @@ module fails unless gradcomp comes from the interpreter's site-packages, so a
 test cannot pass on a build tree found by accident."""
 
 import datetime
+import multiprocessing
 import os
 import sysconfig
 import tempfile
@@ -17,9 +18,9 @@ import torch.multiprocessing as mp
 RANKS = 4
 
 
-def gradcomp_origin() -> str:
-    """Where gradcomp.torch was imported from; checked against site-packages
-    where GRADCOMP_EXPECT_INSTALLED is set."""
+def check_gradcomp_origin() -> None:
+    """Where GRADCOMP_EXPECT_INSTALLED is set, exits unless gradcomp.torch was
+    imported from the interpreter's site-packages."""
     import gradcomp.torch
 
     origin = os.path.realpath(gradcomp.torch.__file__)
@@ -30,10 +31,14 @@ def gradcomp_origin() -> str:
                 f"gradcomp.torch was imported from {origin}, not from the installed package "
                 f"(site-packages: {', '.join(sorted(site))})"
             )
-    return origin
 
 
-gradcomp_origin()
+check_gradcomp_origin()
+
+# Ranks are forked from a server process that imported torch and gradcomp once,
+# rather than spawned: a spawned rank imports torch again, and four of them
+# doing so on every launch took most of a test's time on a 2-core machine.
+multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "gradcomp.torch"])
 
 
 def init(rank, path):
@@ -47,7 +52,9 @@ def launch(target, *args):
     """Runs target(rank, store_path, *args, results) in RANKS processes; returns results."""
     with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(target, args=(os.path.join(tmp, "store"), *args, results), nprocs=RANKS, join=True)
+        mp.start_processes(
+            target, args=(os.path.join(tmp, "store"), *args, results), nprocs=RANKS, start_method="forkserver"
+        )
         return dict(results)
 
 

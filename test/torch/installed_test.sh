@@ -17,8 +17,15 @@ pip=(--disable-pip-version-check --root-user-action=ignore -q)
 rm -rf "$venv"
 python3 -m venv --system-site-packages "$venv"
 "$venv/bin/pip" install "${pip[@]}" "scikit-build-core>=0.10"
-# The build directory sits beside the CMake build's, so ccache serves both.
-"$venv/bin/pip" install "${pip[@]}" --no-build-isolation -C build-dir="$root/build-wheel" "$root"
+# The build directory sits beside the CMake build's, and the compilers are the
+# ones it used, by the same paths, so ccache serves the module's objects from
+# that build (it takes c++ and g++ for two compilers).
+defines=()
+for language in CXX CUDA; do
+  compiler=$(sed -n "s/^CMAKE_${language}_COMPILER:[A-Z]*=//p" "$build/CMakeCache.txt")
+  [ -n "$compiler" ] && defines+=(-C "cmake.define.CMAKE_${language}_COMPILER=$compiler")
+done
+"$venv/bin/pip" install "${pip[@]}" --no-build-isolation -C build-dir="$root/build-wheel" "${defines[@]}" "$root"
 
 cd /
 export GRADCOMP_EXPECT_INSTALLED=1 OMP_NUM_THREADS=1
