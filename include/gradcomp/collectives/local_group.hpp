@@ -105,9 +105,10 @@ class local_group {
       std::vector<std::int64_t> all(2 * static_cast<std::size_t>(n));
       all_gather(mine, all.data(), 2);
       std::vector<int> members;
+      auto const field = [&](int r, std::size_t f) { return all[2 * static_cast<std::size_t>(r) + f]; };
       for (int r = 0; r < n; ++r)
-        if (all[2 * r] == color) members.push_back(r);
-      std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return all[2 * a + 1] < all[2 * b + 1]; });
+        if (field(r, 0) == color) members.push_back(r);
+      std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return field(a, 1) < field(b, 1); });
       int const new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
       shared_state& s = *state_;
       std::pair<std::uint64_t, int> const id{splits_, color};

@@ -193,7 +193,8 @@ network_model measure_network(Collective& collective, Space const& space,
         (void)detail::timed_call(collective, space, op, data, count);  // warm-up
         std::vector<double> times;
         for (int r = 0; r < o.repeats; ++r) times.push_back(detail::timed_call(collective, space, op, data, count));
-        std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+        auto const middle = times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2);
+        std::nth_element(times.begin(), middle, times.end());
         medians.push_back(times[times.size() / 2]);
         moved.push_back(moved_bytes({op, wanted.second, count}, n));
       }

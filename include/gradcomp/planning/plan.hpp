@@ -102,7 +102,7 @@ struct compression_plan {
   bool sharded = false;  ///< The buckets' steps are reduce-scatters (plan_sharded_compression).
 
   /// The chosen spec of bucket b.
-  compressor_spec const chosen(std::size_t b) const {
+  compressor_spec chosen(std::size_t b) const {
     return compressor_spec::parse(buckets[b].rows[buckets[b].chosen].spec);
   }
   /// The predicted seconds of the steps of every bucket with compressor

@@ -233,8 +233,9 @@ struct intsgd {
 
   /// The scale parameters on n ranks for a bucket of d.
   detail::intsgd_scale scale_for(std::size_t d, int ranks) const {
-    return {alpha0, static_cast<double>(d), static_cast<double>(ranks), static_cast<double>(-(lane_span() / ranks)),
-            static_cast<double>((lane_span() - 1) / ranks)};
+    auto const low = -(lane_span() / ranks), high = (lane_span() - 1) / ranks;  // integer bounds: rounded to zero
+    return {alpha0, static_cast<double>(d), static_cast<double>(ranks), static_cast<double>(low),
+            static_cast<double>(high)};
   }
 
   /// One step: gradient <- the mean over ranks of their integers / alpha.

@@ -214,7 +214,8 @@ struct qsgd_multiscale {
   /// so 1.7e38 x min(1, s_0 / share) (1.7e38 with the default scales on two
   /// or more ranks). Every rank refuses a step beyond it.
   double carried_norm(int ranks) const {
-    double const coarsest = static_cast<double>((std::int64_t{1} << bits[0]) - 1), share = 127 / ranks;
+    int const share_levels = 127 / ranks;  // each rank's whole share of an int8 lane
+    double const coarsest = static_cast<double>((std::int64_t{1} << bits[0]) - 1), share = share_levels;
     return detail::qsgd_carried_norm * (coarsest < share ? coarsest / share : 1.0);
   }
 

@@ -67,7 +67,7 @@ void time_steps(plan_row& row, Reducer& reduce, Dry& dry, bucket_layout const& l
     reduce.synchronize();
     if (s >= 2) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  std::nth_element(times.begin(), times.begin() + static_cast<std::ptrdiff_t>(times.size() / 2), times.end());
   row.local = times[times.size() / 2];
   keep_calls(row, dry);
   row.wire_bytes = reduce.wire_bytes();

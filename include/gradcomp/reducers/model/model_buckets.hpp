@@ -91,9 +91,9 @@ class model_buckets {
 
   /// Builds bucket `index` (the next one) for `layout` with `spec`, now, over
   /// its lane's world: collective there.
-  void build(std::size_t index, bucket_layout layout, compressor_spec const& spec) {
+  void build(std::size_t index, bucket_layout const& layout, compressor_spec const& spec) {
     entry& e = slot(index);
-    e.layout = std::move(layout);
+    e.layout = layout;
     e.spec = spec;
     e.planned = true;
     make(e, index, lane_of(index), 0);

@@ -85,13 +85,14 @@ void radix_select(int threads, std::size_t n, std::size_t count, Key const& key,
       above += k > threshold;
       equal += k == threshold;
     }
-    counts[2 * t] = above;
-    counts[2 * t + 1] = equal;
+    std::size_t const mine = 2 * static_cast<std::size_t>(t);
+    counts[mine] = above;
+    counts[mine + 1] = equal;
     GRADCOMP_OMP(barrier)
     // Where this thread's selections start, and how many ties it may take
     // (ties go to the lowest indices, i.e. the earliest threads).
     std::size_t rank = 0, ties_before = 0;
-    for (int u = 0; u < t; ++u) {
+    for (std::size_t u = 0; u < static_cast<std::size_t>(t); ++u) {
       std::size_t const take = std::min<std::size_t>(counts[2 * u + 1], need - std::min(need, ties_before));
       rank += counts[2 * u] + take;
       ties_before += counts[2 * u + 1];
