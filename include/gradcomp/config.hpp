@@ -73,7 +73,7 @@
 #else
 #define GRADCOMP_ABI_OPENMP noomp
 #endif
-/// The inline namespace's name, e.g. abi_v0_2_0_cuda_omp.
+/// The inline namespace's name, e.g. abi_v0_3_0_cuda_omp.
 #define GRADCOMP_ABI GRADCOMP_ABI_JOIN(GRADCOMP_VERSION_TAG, GRADCOMP_ABI_CUDA, GRADCOMP_ABI_OPENMP)
 
 namespace gradcomp::inline GRADCOMP_ABI::detail {

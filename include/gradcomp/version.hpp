@@ -4,7 +4,7 @@
 #pragma once
 
 #define GRADCOMP_VERSION_MAJOR 0
-#define GRADCOMP_VERSION_MINOR 2
+#define GRADCOMP_VERSION_MINOR 3
 #define GRADCOMP_VERSION_PATCH 0
 /// MAJOR * 10000 + MINOR * 100 + PATCH.
 #define GRADCOMP_VERSION (GRADCOMP_VERSION_MAJOR * 10000 + GRADCOMP_VERSION_MINOR * 100 + GRADCOMP_VERSION_PATCH)
@@ -18,6 +18,6 @@
 
 #define GRADCOMP_VERSION_TAG_(major, minor, patch) v##major##_##minor##_##patch
 #define GRADCOMP_VERSION_TAG_EXPAND_(major, minor, patch) GRADCOMP_VERSION_TAG_(major, minor, patch)
-/// The version as part of an identifier (the ABI namespace's name), e.g. v0_2_0.
+/// The version as part of an identifier (the ABI namespace's name), e.g. v0_3_0.
 #define GRADCOMP_VERSION_TAG \
   GRADCOMP_VERSION_TAG_EXPAND_(GRADCOMP_VERSION_MAJOR, GRADCOMP_VERSION_MINOR, GRADCOMP_VERSION_PATCH)
