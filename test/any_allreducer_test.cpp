@@ -148,6 +148,33 @@ TEST_CASE("a spec one rank rejects fails every rank, and nobody hangs") {
   }
 }
 
+// A refusal carries its bound and its remedy at the end: the other ranks'
+// copy must keep them (a 232-byte copy once cut one mid-number).
+TEST_CASE("a rank's refusal reaches the other ranks whole; one beyond the room says where it was cut") {
+  std::string const reason = "thc: 64 ranks x levels 0..15 (bits=4) sum to 960, beyond the uint8 lane (max 255)" +
+                             std::string(600, '.') + "; use a wider lane or fewer levels";
+  std::string const too_long(1500, 'y');
+  for (std::string const& why : {reason, too_long}) {
+    auto const errors = mpi_like_group::run(3, [&](mpi_like_group::communicator& comm) {
+      std::string const mine = comm.rank() == 1 ? why : std::string{};
+      expect_none_failed(agreement(comm, host_space{}, 0, 0, mine), mine, "test", "this configuration");
+    });
+    std::string const prefix = "test: rank 1 cannot use this configuration: ";
+    for (std::size_t r = 0; r < errors.size(); ++r) {
+      INFO("rank " << r);
+      REQUIRE(errors[r]);
+      std::string const got = message_of(errors[r]);
+      if (r == 1 || why.size() < 1000) {
+        CHECK(got == prefix + why);  // its own whole, and the others' whole where it fits
+      } else {
+        CHECK(got.size() == prefix.size() + 999);
+        CHECK(got.rfind(prefix + why.substr(0, 993), 0) == 0);
+        CHECK(got.substr(got.size() - 6) == " [...]");
+      }
+    }
+  }
+}
+
 // Parameters out of range are refused before any arithmetic uses them: the
 // lane a spec picks once shifted by a negative bit count (undefined behaviour,
 // which the sanitizer build turns into a failure), so the error named a lane
@@ -167,7 +194,7 @@ TEST_CASE("out-of-range bits are refused by name, on every rank, before any shif
         REQUIRE(e);
         CHECK_FALSE(is_hang(e));
         std::string const bits = std::string(text).substr(std::string(text).rfind('=') + 1);
-        CHECK(message_of(e).find(bits + " bits") != std::string::npos);
+        CHECK(message_of(e).find("bits=" + bits) != std::string::npos);
         if (first.empty()) first = message_of(e);
         CHECK(message_of(e) == first);
       }

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -31,6 +32,15 @@ std::set<std::string> registered_names() {
 }
 
 std::filesystem::path source_dir() { return GRADCOMP_SOURCE_DIR; }
+
+std::string error_of(std::string const& text) {
+  try {
+    (void)compressor_spec::parse(text);
+  } catch (invalid_argument const& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
 
 }  // namespace
 
@@ -140,6 +150,53 @@ TEST_CASE("a compressor's declared parameters are the keys its spec takes, and e
         });
     });
   });
+}
+
+// Values outside each key's range, whatever the compressor: a key declared
+// without an entry here fails the test, so a new parameter needs its own.
+std::map<std::string, std::vector<std::string>> const out_of_range = {
+    {"fraction", {"0", "2", "-0.5"}}, {"chunk_size", {"0", "3"}}, {"bits", {"0", "99"}},
+    {"block", {"3", "8192"}},         {"stages", {"-2", "99"}},   {"k", {"0"}},
+    {"matrix_rank", {"0"}},
+};
+
+TEST_CASE("a spec with a value out of its key's range is refused when read, naming the key, whatever the ranks") {
+  for_each_registered([&]<class C>(std::type_identity<C>) {
+    for_each_parameter<C>([&](auto const& p) {
+      std::string const key(p.key);
+      INFO(C::name << " " << key);
+      REQUIRE(out_of_range.count(key) == 1);
+      for (std::string const& bad : out_of_range.at(key)) {
+        std::string const text = std::string(C::name) + ":" + key + "=" + bad;
+        INFO(text);
+        std::string const message = error_of(text);
+        // The compressor's own message, naming the key and the value it refuses.
+        CHECK(message.rfind(std::string(C::name) + ": " + key + "=" + bad, 0) == 0);
+        // The same refusal for any group: validate(ranks) is what a hook runs at registration.
+        compressor_spec spec = compressor_spec::parse(C::name);
+        spec.set(key, bad);
+        for (int ranks : {1, 2, 64}) {
+          std::string got;
+          try {
+            spec.validate(ranks);
+          } catch (invalid_argument const& e) {
+            got = e.what();
+          }
+          CHECK(got == message);
+        }
+      }
+    });
+  });
+  // A group too large for the lane asked for is refused by validate(ranks), not by parse.
+  compressor_spec const narrow = compressor_spec::parse("thc:bits=7,lane=int8");
+  CHECK_NOTHROW(narrow.validate(2));
+  CHECK_THROWS_WITH_AS(narrow.validate(4), doctest::Contains("4 ranks x levels 0..127 (bits=7)"), invalid_argument);
+}
+
+TEST_CASE("a spec's items are key=value, with nothing empty between or after them") {
+  for (char const* text : {"bf16:", "topkc:fraction=0.25,", "topkc:,fraction=0.25", "thc:bits=4,,block=64", "thc:=4"})
+    CHECK_THROWS_WITH_AS(compressor_spec::parse(text), doctest::Contains("is not key=value"), invalid_argument);
+  CHECK(compressor_spec::parse("topkc:fraction=0.25").str() == "topkc:fraction=0.25");
 }
 
 TEST_CASE("the benchmark rows cover every registered compressor, each named by its spec as written") {

@@ -99,7 +99,8 @@ TEST_CASE_TEMPLATE_DEFINE("THC refuses bad configurations and inputs", Setup, th
           r(c, comm, bucket_layout(5000), space);
     };
     CHECK_THROWS_WITH_AS(make8({.block = 1000}), doctest::Contains("not a power of two"), invalid_argument);
-    CHECK_THROWS_WITH_AS(make8({.block = 256, .stages = 9}), doctest::Contains("has only 8"), invalid_argument);
+    CHECK_THROWS_WITH_AS(make8({.block = 256, .stages = 9}), doctest::Contains("stages=9 is outside 0..8"),
+                         invalid_argument);
     CHECK_THROWS_WITH_AS(make8({.block = 256, .group = 300}), doctest::Contains("multiple of the block"),
                          invalid_argument);
     CHECK_THROWS_WITH_AS(make8({.bits = 8}), doctest::Contains("beyond the uint8 lane (max 255)"), invalid_argument);

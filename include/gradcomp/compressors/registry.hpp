@@ -6,6 +6,7 @@
 // policy (pipeline/registration.hpp).
 #pragma once
 
+#include <gradcomp/bucket_layout.hpp>
 #include <gradcomp/compressors/cast/cast.hpp>
 #include <gradcomp/compressors/global_randk/global_randk.hpp>
 #include <gradcomp/compressors/intsgd/intsgd.hpp>
@@ -82,26 +83,39 @@ struct compressor_spec {
   }
 
   /// Reads "name" or "name:key=value,key=value" (keys: the compressor's
-  /// parameters, lane=auto|int8|int32 and ef=on|off). Throws
-  /// invalid_argument naming an unknown name, key or value, or a key the
-  /// compressor does not take.
+  /// parameters, lane=auto|int8|int32 and ef=on|off), then validate()s it
+  /// for one rank. Throws invalid_argument naming an unknown name, key or
+  /// value, a key the compressor does not take, an empty item (a trailing
+  /// ':' or ','), or, in the compressor's own words, a value out of its range.
   static compressor_spec parse(std::string_view text) {
     compressor_spec s;
     std::size_t const colon = text.find(':');
     s.name = std::string(text.substr(0, colon));
     GRADCOMP_EXPECTS(is_known(s.name), "compressor_spec: unknown compressor '" + s.name + "' (" + names() + ")");
-    std::string_view rest = colon == std::string_view::npos ? std::string_view{} : text.substr(colon + 1);
-    while (!rest.empty()) {
-      std::size_t const comma = rest.find(',');
-      std::string_view const item = rest.substr(0, comma);
-      rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-      std::size_t const eq = item.find('=');
-      GRADCOMP_EXPECTS(eq != std::string_view::npos,
-                       "compressor_spec: '" + std::string(item) + "' is not key=value in '" + std::string(text) + "'");
-      s.set(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
+    if (colon != std::string_view::npos) {
+      std::string_view rest = text.substr(colon + 1);
+      for (bool more = true; more;) {
+        std::size_t const comma = rest.find(',');
+        std::string_view const item = rest.substr(0, comma);
+        more = comma != std::string_view::npos;
+        rest = more ? rest.substr(comma + 1) : std::string_view{};
+        std::size_t const eq = item.find('=');
+        GRADCOMP_EXPECTS(
+            eq != std::string_view::npos && eq != 0,
+            "compressor_spec: '" + std::string(item) + "' is not key=value in '" + std::string(text) + "'");
+        s.set(std::string(item.substr(0, eq)), std::string(item.substr(eq + 1)));
+      }
     }
+    s.validate();
     return s;
   }
+
+  /// Throws invalid_argument, with the compressor's own message naming the
+  /// key, where what this spec sets cannot run on `ranks` ranks whatever the
+  /// bucket: a value out of its range, or integer sums that `ranks` ranks
+  /// would overflow in the lane asked for. (What depends on a bucket, such as
+  /// a k larger than it, is refused when the bucket is built.)
+  void validate(int ranks = 1) const;
 
   /// The spec as parse() reads it.
   std::string str() const {
@@ -244,13 +258,15 @@ decltype(auto) visit_compressor(compressor_spec const& spec, int ranks, Make&& m
 
 namespace detail {
 /// Why this rank cannot build what `spec` names for `ranks` ranks ("" if it
-/// can): a name or parameter it rejects, or what `refuse(compressor)` throws
-/// for a compressor the caller cannot use. The caller then agrees with the
-/// other ranks, because a spec only one rank rejects must fail every rank.
+/// can): a name or parameter it rejects (the compressor's validate() for
+/// any bucket: an empty layout), or what `refuse(compressor)` throws for a
+/// compressor the caller cannot use. The caller then agrees with the other
+/// ranks, because a spec only one rank rejects must fail every rank.
 template <class Refuse>
 std::string spec_failure(compressor_spec const& spec, int ranks, Refuse&& refuse) {
   try {
     (void)visit_compressor(spec, ranks, [&](auto c, auto) {
+      c.validate(bucket_layout{}, ranks);
       refuse(c);
       return 0;
     });
@@ -260,5 +276,10 @@ std::string spec_failure(compressor_spec const& spec, int ranks, Refuse&& refuse
   return {};
 }
 }  // namespace detail
+
+inline void compressor_spec::validate(int ranks) const {
+  std::string const failure = detail::spec_failure(*this, ranks, [](auto const&) {});
+  GRADCOMP_EXPECTS(failure.empty(), failure);
+}
 
 }  // namespace gradcomp

@@ -40,9 +40,10 @@ enum class lane_choice {
 };
 
 /// One parameter a spec can set on compressor C: its key, the member it
-/// sets, what it means, and the values that make sense (as the
-/// compressor's validate() checks them at construction, naming what is
-/// wrong; a spec only checks that the value reads as the member's type).
+/// sets, what it means, and the values that make sense, as the compressor's
+/// validate() checks them (naming the key and value it refuses). A spec
+/// reads the value as the member's type, then runs that validate() for any
+/// bucket (compressor_spec::parse, validate).
 template <class C, class T>
 struct parameter {
   using value_type = T;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace gradcomp::inline GRADCOMP_ABI {
@@ -27,9 +28,12 @@ class agreement {
     std::uint64_t a, b;  ///< Two numbers the ranks compare (a bucket size, a hash, a step).
     std::uint32_t failed;
     std::uint32_t node;  ///< Two levels: the sender's rank on its rail.
-    char why[232];       ///< Why it failed (cut to fit).
+    /// Why it failed: room for a refusal with its bound and its remedy
+    /// (set-up only, so 1 KiB a rank costs nothing a step); a longer one is
+    /// cut and ends in " [...]".
+    char why[1000];
   };
-  static_assert(sizeof(statement) == 256);
+  static_assert(sizeof(statement) == 1024);
 
   /// Gathers (a, b, failure) from every rank of `world`; `failure` empty
   /// means this rank can go on. Collective.
@@ -105,7 +109,14 @@ class agreement {
     mine.b = b;
     mine.failed = failure.empty() ? 0 : 1;
     mine.node = node;
-    std::memcpy(mine.why, failure.data(), std::min(failure.size(), sizeof mine.why - 1));
+    constexpr std::string_view cut = " [...]";
+    std::size_t const room = sizeof mine.why - 1;
+    if (failure.size() <= room) {
+      std::memcpy(mine.why, failure.data(), failure.size());
+    } else {
+      std::memcpy(mine.why, failure.data(), room - cut.size());
+      std::memcpy(mine.why + room - cut.size(), cut.data(), cut.size());
+    }
     return mine;
   }
   int first_other(std::uint64_t statement::*field) const {

@@ -145,7 +145,7 @@ void expect_lane_headroom(std::string_view who, int ranks, std::int64_t largest,
   std::int64_t const limit = std::numeric_limits<Lane>::max();
   GRADCOMP_EXPECTS(largest * ranks <= limit,
                    std::string(who) + ": " + std::to_string(ranks) + " ranks x codes up to +-" +
-                       std::to_string(largest) + " (" + std::to_string(bits) + " bits) sum beyond the " +
+                       std::to_string(largest) + " (bits=" + std::to_string(bits) + ") sum beyond the " +
                        std::string(name_of(dtype_of_v<Lane>)) + " lane (max " + std::to_string(limit) +
                        "); use a wider lane, fewer bits or fewer ranks");
 }
@@ -161,7 +161,7 @@ inline constexpr int max_code_bits = std::is_same_v<Lane, std::int8_t> ? 7 : 24;
 template <class Lane>
 void expect_code_bits(std::string_view who, int ranks, int bits) {
   int const most = max_code_bits<Lane>;
-  GRADCOMP_EXPECTS(bits >= 1 && bits <= most, std::string(who) + ": " + std::to_string(bits) + " bits is outside 1.." +
+  GRADCOMP_EXPECTS(bits >= 1 && bits <= most, std::string(who) + ": bits=" + std::to_string(bits) + " is outside 1.." +
                                                   std::to_string(most) + " for the " +
                                                   std::string(name_of(dtype_of_v<Lane>)) + " lane");
   expect_lane_headroom<Lane>(who, ranks, (std::int64_t{1} << bits) - 1, bits);

@@ -150,9 +150,10 @@ struct global_randk {
   /// bucket), bits outside the lane, or n ranks whose summed codes could
   /// overflow the lane.
   void validate(bucket_layout const& layout, int ranks) const {
-    GRADCOMP_EXPECTS(layout.size() == 0 || (k >= 1 && k <= layout.size()),
-                     "global_randk: k = " + std::to_string(k) + " must be in 1..the bucket's " +
-                         std::to_string(layout.size()) + " elements");
+    GRADCOMP_EXPECTS(k >= 1, "global_randk: k=0 is outside 1..the bucket's size");
+    GRADCOMP_EXPECTS(layout.size() == 0 || k <= layout.size(), "global_randk: k=" + std::to_string(k) +
+                                                                   " is outside 1..the bucket's size, " +
+                                                                   std::to_string(layout.size()) + " elements");
     detail::expect_code_bits<Lane>("global_randk", ranks, bits);
   }
 

@@ -186,7 +186,7 @@ struct powersgd {
 
   /// Throws for a rank of 0 or a negative compression rate.
   void validate(bucket_layout const& layout, int /*ranks*/) const {
-    GRADCOMP_EXPECTS(matrix_rank >= 1, "powersgd: the matrix rank must be at least 1");
+    GRADCOMP_EXPECTS(matrix_rank >= 1, "powersgd: matrix_rank=0 must be 1 or more");
     GRADCOMP_EXPECTS(min_compression_rate >= 0.0, "powersgd: min_compression_rate must be >= 0");
     for_each_part(layout, [](detail::psgd_tensor const& x) {
       GRADCOMP_EXPECTS(x.rows < (std::size_t{1} << 31) && x.cols < (std::size_t{1} << 31),

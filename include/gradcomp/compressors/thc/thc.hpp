@@ -133,22 +133,23 @@ struct thc {
   /// overflow the lane (saturation).
   void validate(bucket_layout const&, int ranks) const {
     GRADCOMP_EXPECTS(block >= 2 && block <= 4096 && std::has_single_bit(block),
-                     "thc: rotation block " + std::to_string(block) + " is not a power of two in [2, 4096]");
-    GRADCOMP_EXPECTS(stage_count() <= std::countr_zero(block),
-                     "thc: " + std::to_string(stages) + " butterfly stages, but a block of " + std::to_string(block) +
-                         " has only " + std::to_string(std::countr_zero(block)));
+                     "thc: block=" + std::to_string(block) + " is not a power of two in [2, 4096]");
+    GRADCOMP_EXPECTS(stages >= -1 && stage_count() <= std::countr_zero(block),
+                     "thc: stages=" + std::to_string(stages) + " is outside 0.." +
+                         std::to_string(std::countr_zero(block)) + " (a block of " + std::to_string(block) +
+                         " has that many butterfly stages) or -1 (all of them)");
     GRADCOMP_EXPECTS(group >= block && group % block == 0, "thc: the scale group (" + std::to_string(group) +
                                                                ") must be a multiple of the block (" +
                                                                std::to_string(block) + ")");
     GRADCOMP_EXPECTS(quantizer == thc_quantizer::table || (bits >= 1 && bits <= 16),
-                     "thc: " + std::to_string(bits) + " bits per level is outside 1..16");
+                     "thc: bits=" + std::to_string(bits) + " is outside 1..16");
     GRADCOMP_EXPECTS(clamp > 0 || overflow > 1, "thc: the overflow frequency o must exceed 1");
     std::uint64_t const limit = static_cast<std::uint64_t>(std::numeric_limits<Lane>::max());
     std::uint64_t const sum = static_cast<std::uint64_t>(ranks) * top();
     GRADCOMP_EXPECTS(sum <= limit, "thc: " + std::to_string(ranks) + " ranks x levels 0.." + std::to_string(top()) +
-                                       " sum to " + std::to_string(sum) + ", beyond the " +
-                                       std::string(name_of(dtype_of_v<Lane>)) + " lane (max " + std::to_string(limit) +
-                                       "); use a wider lane or fewer levels");
+                                       " (bits=" + std::to_string(bits) + ") sum to " + std::to_string(sum) +
+                                       ", beyond the " + std::string(name_of(dtype_of_v<Lane>)) + " lane (max " +
+                                       std::to_string(limit) + "); use a wider lane or fewer levels");
   }
 
   /// Hash of the parameters.

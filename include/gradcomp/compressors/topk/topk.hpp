@@ -166,7 +166,8 @@ struct topk {
   /// outside (0, 1].
   void validate(bucket_layout const& layout, int /*ranks*/) const {
     GRADCOMP_EXPECTS(k != from_fraction || (fraction > 0.0 && fraction <= 1.0),
-                     "topk: the fraction of elements sent must be in (0, 1], got " + std::to_string(fraction));
+                     "topk: fraction=" + detail::write_value(fraction) +
+                         " is outside (0, 1] (the share of the elements each rank sends)");
     GRADCOMP_EXPECTS(k == from_fraction || k <= layout.size(), "topk: k = " + std::to_string(k) +
                                                                    " is larger than the bucket (" +
                                                                    std::to_string(layout.size()) + " elements)");

@@ -283,9 +283,10 @@ struct topkc {
   /// [1, 2^30], a fraction outside (0, 1], or more chunks than the bucket has.
   void validate(bucket_layout const& layout, int /*ranks*/) const {
     GRADCOMP_EXPECTS(chunk_size != 0 && std::has_single_bit(chunk_size) && chunk_size <= max_chunk_size,
-                     "topkc: chunk size " + std::to_string(chunk_size) + " is not a power of two in [1, 2^30]");
-    GRADCOMP_EXPECTS(chunks != from_fraction || (fraction > 0.0 && fraction <= 1.0),
-                     "topkc: the fraction of chunks kept must be in (0, 1], got " + std::to_string(fraction));
+                     "topkc: chunk_size=" + std::to_string(chunk_size) + " is not a power of two in [1, 2^30]");
+    GRADCOMP_EXPECTS(
+        chunks != from_fraction || (fraction > 0.0 && fraction <= 1.0),
+        "topkc: fraction=" + detail::write_value(fraction) + " is outside (0, 1] (the share of the chunks kept)");
     std::size_t const m = chunk_count(layout.size());
     GRADCOMP_EXPECTS(chunks == from_fraction || chunks <= m,
                      "topkc: " + std::to_string(chunks) + " chunks kept, but a bucket of " +
