@@ -4,7 +4,9 @@
   the same (padded) bucket over local_group, step after step (THC, QSGD:
   integer lanes), and within bf16 roundings for bf16 and TopK-Chunked (gloo
   rounds bf16 sums after each addition, local_group once);
-- a compressor that cannot reduce-scatter is refused.
+- a compressor that cannot reduce-scatter is refused;
+- a NaN in one rank's gradients makes backward() raise gradcomp's
+  NonfiniteError on every rank.
 
     PYTHONPATH=build/python:build/test/torch python3 test/torch/fsdp_test.py
 """
@@ -83,6 +85,29 @@ def refused(rank, path, results):
     dist.destroy_process_group()
 
 
+def nan_on_one_rank(rank, path, results):
+    import gradcomp.torch as gct
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    init(rank, path)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 130), torch.nn.ReLU(), torch.nn.Linear(130, 10))
+    fully_shard(model, mesh=init_device_mesh("cpu", (RANKS,)))
+    gct.shard(model, "thc")
+    x = torch.randn(16, 64)
+    if rank == 1:
+        x[0, 0] = float("nan")
+    try:
+        torch.nn.functional.cross_entropy(model(x), torch.zeros(16, dtype=torch.long)).backward()
+        results[rank] = ("none", "")
+    except gct.Error as e:
+        results[rank] = (type(e).__name__, str(e))
+    except Exception as e:
+        results[rank] = (f"untyped {type(e).__name__}", str(e))
+    os._exit(0)  # FSDP is left mid-backward: skip its teardown
+
+
 def main():
     check = Checks()
 
@@ -110,6 +135,9 @@ def main():
         )
     results = launch(refused)
     check(all("cannot reduce-scatter" in results[r] for r in range(RANKS)), f"PowerSGD is refused: {results[0][:90]}")
+    results = launch(nan_on_one_rank)
+    for r in range(RANKS):
+        check(results[r][0] == "NonfiniteError", f"rank {r}: a NaN on rank 1: backward() raises {results[r]}"[:160])
     return 1 if check.failed() else 0
 
 

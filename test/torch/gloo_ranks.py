@@ -41,10 +41,14 @@ check_gradcomp_origin()
 multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "gradcomp.torch"])
 
 
-def init(rank, path):
+def init(rank, path, timeout_s=60):
     """This process as rank `rank` of a gloo group over the FileStore at `path`."""
     dist.init_process_group(
-        "gloo", store=dist.FileStore(path, RANKS), rank=rank, world_size=RANKS, timeout=datetime.timedelta(seconds=60)
+        "gloo",
+        store=dist.FileStore(path, RANKS),
+        rank=rank,
+        world_size=RANKS,
+        timeout=datetime.timedelta(seconds=timeout_s),
     )
 
 

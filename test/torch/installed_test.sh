@@ -38,4 +38,6 @@ fi
 export PYTHONPATH=$build/test/torch
 "$venv/bin/python" -m gradcomp
 "$venv/bin/python" "$tests/ddp_test.py"
+"$venv/bin/python" "$tests/ddp_errors_test.py"
+"$venv/bin/python" "$tests/ddp_auto_test.py"
 "$venv/bin/python" "$tests/fsdp_test.py"

@@ -120,8 +120,9 @@ struct compression_plan {
     return sum;
   }
   /// The plan as text: the network's lines, then a table per bucket and a
-  /// verdict (detail/report.hpp).
-  std::string table() const;
+  /// verdict (detail/report.hpp). Buckets are numbered from `first_bucket`
+  /// (a caller that plans its buckets one at a time passes the index).
+  std::string table(std::size_t first_bucket = 0) const;
 };
 
 }  // namespace gradcomp

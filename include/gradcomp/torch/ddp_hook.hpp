@@ -15,6 +15,7 @@
 
 #include <gradcomp/collectives/c10d.hpp>
 #include <gradcomp/torch/ddp_hook_device.hpp>
+#include <gradcomp/torch/ddp_hook_options.hpp>
 
 namespace gradcomp::inline GRADCOMP_ABI {
 class ddp_hook_state;
@@ -24,13 +25,15 @@ class ddp_hook_state;
 
 #include <gradcomp/planning/planner.hpp>
 #include <gradcomp/reducers/model/model_buckets.hpp>
+#include <gradcomp/torch/detail/hook_planner.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -41,18 +44,6 @@ class ddp_hook_state;
 #include <vector>
 
 namespace gradcomp::inline GRADCOMP_ABI {
-
-/// How a ddp_hook_state reduces DDP's buckets: the model-level options
-/// (compressor, small, bucket rules, warm-up, seed, non-finite policy,
-/// lanes), and the host loops' threads. Their defaults are the hook's.
-struct ddp_hook_options : model_reducer_options {
-  /// Threads of the host loops (gradcomp.torch passes torch's intra-op
-  /// thread count, what the user gave each rank); 0: OpenMP's default.
-  int threads = 0;
-  /// Two host buckets at once: gloo moves two collectives at once faster
-  /// than one after the other (as for PyTorch's own hooks).
-  ddp_hook_options() { lanes = 2; }
-};
 
 /// Every DDP bucket's reduction (see the top of this header). Steps are
 /// collective and come in DDP's bucket order on every rank.
@@ -113,8 +104,13 @@ class ddp_hook_state {
                       : c10::make_intrusive<c10::ivalue::Future>(type);
     with_core(buffer, [&](auto& core, auto* data) {
       using G = std::remove_pointer_t<decltype(data)>;
-      span<G, typename std::decay_t<decltype(core)>::memory> gradient(data, static_cast<std::size_t>(buffer.numel()));
-      auto tag = std::make_unique<pending_result>(pending_result{future, std::move(result)});
+      using memory = typename std::decay_t<decltype(core)>::memory;
+      if constexpr (std::is_same_v<memory,
+                                   host_memory>)  // (detail/hook_planner.hpp; a resumed state keeps its choices)
+        if (options_.compressor.is_automatic() && !resumed_ && iterations_ >= options_.reduce.warmup_steps)
+          planner_.before_step<G>(host_communicator(), index, extents, options_, [this] { drain(); });
+      span<G, memory> gradient(data, static_cast<std::size_t>(buffer.numel()));
+      auto tag = std::make_unique<pending_result>(pending_result{future, std::move(result), this});
       core.submit_handed(index, gradient, positions, extents, tag.get());
       (void)tag.release();  // complete() owns it now (and has run where the step ran at once)
     });
@@ -123,6 +119,13 @@ class ddp_hook_state {
       for_each_core([&](auto& core) { core.set_steps(iterations_); });
     }
     return future;
+  }
+
+  /// What a step's error becomes before the future DDP waits on carries it
+  /// (the Python module makes it the Python exception of gradcomp's type, so
+  /// that backward() raises that); unset: the error as raised.
+  void set_error_translator(std::function<std::exception_ptr(std::exception_ptr)> translate) {
+    translate_ = std::move(translate);
   }
 
   /// Whether device (CUDA) buckets are reduced (a ddp_hook_device was given).
@@ -170,6 +173,14 @@ class ddp_hook_state {
     return out;
   }
 
+  /// What the planner weighed for each bucket it planned ("auto"), in index
+  /// order, as this rank measured it (the choices agree on every rank; the
+  /// timings are each rank's own). Empty for a fixed compressor. @note Drains.
+  std::string report() {
+    drain();
+    return planner_.report();
+  }
+
   /// This rank's state: each kind of bucket's (host or device, and the
   /// gradients' type: "cpu/float32", ...) checkpoint envelope, with every
   /// bucket's residual, compressor state, compressor and parameters (one
@@ -190,6 +201,7 @@ class ddp_hook_state {
   /// kind's buckets exist.
   void load(std::uint64_t iterations, std::map<std::string, std::vector<std::byte>> envelopes) {
     drain();
+    resumed_ = true;
     loaded_ = std::move(envelopes);
     iterations_ = iterations;
     for_each_core_keyed([&](std::string const& key, auto& core) {
@@ -209,11 +221,12 @@ class ddp_hook_state {
   struct pending_result {
     c10::intrusive_ptr<c10::ivalue::Future> future;
     c10::IValue value;
+    ddp_hook_state const* state;
   };
   static void complete(void* tag, std::exception_ptr error) {
     std::unique_ptr<pending_result> const done(static_cast<pending_result*>(tag));
     if (error)
-      done->future->setError(error);
+      done->future->setError(done->state->translate_ ? done->state->translate_(error) : error);
     else
       done->future->markCompleted(std::move(done->value));
   }
@@ -304,24 +317,20 @@ class ddp_hook_state {
     return out;
   }
 
-  // The planner's choice for bucket `index` over its lane (collective there);
-  // rank 0 prints the table.
+  // The choice for bucket `index` when its lane builds it: planned before the
+  // step (host buckets), else now over the lane (collective there).
   template <class G, class Space>
   compressor_spec plan_bucket(c10d_communicator& lane, std::size_t index, bucket_layout const& layout,
                               Space const& space) {
-    planner_options planner;
-    planner.candidates = options_.compressor.candidates();
+    if (auto const kept = planner_.choice(index, layout)) return *kept;
     compression_plan plan;
-    if constexpr (std::is_same_v<Space, host_space>) plan = plan_compression<G>(lane, {layout}, space, planner);
+    if constexpr (std::is_same_v<Space, host_space>)
+      plan = plan_compression<G>(lane, {layout}, space, planner_.options());
 #if GRADCOMP_HAS_CUDA
     else
-      plan = device_->template plan<G>()(lane, layout, space, planner);
+      plan = device_->template plan<G>()(lane, layout, space, planner_.options());
 #endif
-    if (lane.rank() == 0) {
-      std::string const text = "gradcomp DDP hook, bucket " + std::to_string(index) + ": " + plan.table();
-      std::fputs(text.c_str(), stdout);
-      std::fflush(stdout);
-    }
+    planner_.keep(index, layout, plan);
     return plan.chosen(0);
   }
 
@@ -369,8 +378,11 @@ class ddp_hook_state {
   c10::intrusive_ptr<c10d::ProcessGroup> group_;
   ddp_hook_options options_;
   ddp_hook_device const* device_ = nullptr;
+  std::function<std::exception_ptr(std::exception_ptr)> translate_;
   std::uint64_t iterations_ = 0;
   std::map<std::string, std::vector<std::byte>> loaded_;  // envelopes of cores not made yet
+  detail::hook_planner planner_{options_.compressor};     // what `auto` chose, and why
+  bool resumed_ = false;                                  // load() was called: the saved choices stand
   // The communicators before the cores that use them (destroyed after).
   std::optional<c10d_communicator> host_comm_;  // built at the first host bucket (a NCCL group has no CPU backend)
 #if GRADCOMP_HAS_CUDA

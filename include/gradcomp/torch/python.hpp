@@ -16,10 +16,12 @@
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <cstddef>
+#include <exception>
 #include <map>
 #include <string>
 #include <vector>
@@ -29,6 +31,42 @@ namespace gradcomp::inline GRADCOMP_ABI::python {
 namespace py = pybind11;
 
 namespace detail {
+
+// gradcomp's Python exception types, as define() registered them (the
+// module holds them, so plain handles do).
+struct exception_types {
+  py::handle error, invalid_argument, collective_error, nonfinite_error;
+};
+inline exception_types& registered_exception_types() {
+  static exception_types types;
+  return types;
+}
+
+// A step's error as the Python exception of its gradcomp type, wrapped as
+// torch's python_error: DDP's wait and autograd rethrow that as the Python
+// exception itself, so `except gradcomp.torch.NonfiniteError` around
+// backward() catches it, with gradcomp's message alone. Other errors pass as
+// they are. Runs on a lane's thread: takes the GIL.
+inline std::exception_ptr as_python_error(std::exception_ptr error) {
+  exception_types const& types = registered_exception_types();
+  py::gil_scoped_acquire gil;
+  try {
+    std::rethrow_exception(error);
+  } catch (nonfinite_error const& e) {
+    PyErr_SetString(types.nonfinite_error.ptr(), e.what());
+  } catch (collective_error const& e) {
+    PyErr_SetString(types.collective_error.ptr(), e.what());
+  } catch (invalid_argument const& e) {
+    PyErr_SetString(types.invalid_argument.ptr(), e.what());
+  } catch (gradcomp::error const& e) {
+    PyErr_SetString(types.error.ptr(), e.what());
+  } catch (...) {
+    return error;
+  }
+  python_error raised;
+  raised.persist();
+  return std::make_exception_ptr(std::move(raised));
+}
 
 inline py::bytes to_bytes(std::vector<std::byte> const& b) {
   return {reinterpret_cast<char const*>(b.data()), b.size()};
@@ -55,15 +93,18 @@ inline void define_options(py::module_& m) {
   c.def_property(
       "small", [](o const& x) { return x.small.str(); },
       [](o& x, std::string const& v) { x.small = compressor_spec::parse(v); },
-      "The compressor of the other buckets (bf16: PyTorch's min_compression_rate).");
-  c.def_readwrite("min_compression_elements", &o::min_compression_elements, "Buckets of fewer values take `small`.");
+      "The compressor of the buckets that do not take `compressor`: those of fewer than min_compression_elements "
+      "values and (vectors_uncompressed) those of 1-D tensors only.");
+  c.def_readwrite("min_compression_elements", &o::min_compression_elements,
+                  "Buckets of fewer values than this (an element count, not a ratio) take `small`.");
   c.def_readwrite("vectors_uncompressed", &o::vectors_uncompressed,
                   "Buckets of 1-D tensors only (biases, norms) take `small`.");
   c.def_property(
       "warmup", [](o const& x) { return x.reduce.warmup_steps; },
       [](o& x, std::uint64_t v) { x.reduce.warmup_steps = v; },
-      "The first iterations send the plain fp32 mean (PyTorch's start_powerSGD_iter); two or more let the "
-      "compressors start on DDP's rebuilt buckets.");
+      "Iterations that send the plain fp32 mean before the compressors start (PyTorch's start_powerSGD_iter). "
+      "DDP rebuilds its buckets after the first iteration; with two or more, the compressors start on the rebuilt "
+      "buckets, and stateful ones (error feedback, PowerSGD's warm start) keep no state of buckets DDP dropped.");
   c.def_property(
       "seed", [](o const& x) { return x.reduce.seed; }, [](o& x, std::optional<std::uint64_t> v) { x.reduce.seed = v; },
       "Seeds every bucket's random streams (None: each bucket's own, from its layout and index).");
@@ -150,16 +191,23 @@ inline void define(py::module_& m, ddp_hook_device const* device = nullptr) {
       "canonical form; raises ValueError naming what is wrong.");
 
   // The base first: pybind11 tries the translators last registered first.
-  py::register_exception<error>(m, "Error", PyExc_RuntimeError);
-  py::register_exception<invalid_argument>(m, "InvalidArgument", PyExc_ValueError);
-  py::register_exception<collective_error>(m, "CollectiveError", PyExc_RuntimeError);
-  py::register_exception<nonfinite_error>(m, "NonfiniteError", PyExc_ArithmeticError);
+  // Each also derives from Error, so `except Error` catches every one, and
+  // from the builtin a Python user would try first.
+  detail::exception_types& types = detail::registered_exception_types();
+  types.error = py::register_exception<error>(m, "Error", PyExc_RuntimeError);
+  auto with_error = [&](PyObject* builtin) { return py::make_tuple(types.error, py::handle(builtin)); };
+  types.invalid_argument = py::register_exception<invalid_argument>(m, "InvalidArgument", with_error(PyExc_ValueError));
+  types.collective_error = py::register_exception<collective_error>(m, "CollectiveError", types.error);
+  types.nonfinite_error =
+      py::register_exception<nonfinite_error>(m, "NonfiniteError", with_error(PyExc_ArithmeticError));
 
   detail::define_options(m);
 
   py::class_<ddp_hook_state>(m, "HookState", "Every DDP bucket's gradcomp reduction (see gradcomp.torch.register).")
       .def(py::init([device](c10::intrusive_ptr<c10d::ProcessGroup> group, ddp_hook_options const& options) {
-             return std::make_unique<ddp_hook_state>(std::move(group), options, device);
+             auto state = std::make_unique<ddp_hook_state>(std::move(group), options, device);
+             state->set_error_translator(&detail::as_python_error);
+             return state;
            }),
            py::arg("group"), py::arg("options"))
       .def(
@@ -203,6 +251,13 @@ inline void define(py::module_& m, ddp_hook_device const* device = nullptr) {
             return s.choices();
           },
           "The planner's choice of each bucket it planned, by index.")
+      .def(
+          "report",
+          [](ddp_hook_state& s) {
+            py::gil_scoped_release release;
+            return s.report();
+          },
+          "What the planner weighed for each bucket it planned, in index order (this rank's timings).")
       .def("save",
            [](ddp_hook_state& s) {
              std::map<std::string, std::vector<std::byte>> saved;

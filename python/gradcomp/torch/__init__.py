@@ -10,11 +10,27 @@ DDP uses, while the backward pass goes on: host (gloo) buckets in C++ on
 gradcomp's lanes, two buckets at once by default; a CUDA (NCCL) bucket on a
 side stream, where the module was built with CUDA (``device_buckets``), without
 the host waiting for the step. 16-bit buckets are reduced as they are stored.
-The spec strings and their keys are gradcomp's registry's (``compressors()``);
-``"auto:of=bf16+topkc+powersgd"`` lets gradcomp's planner choose among those,
-bucket by bucket, on this group's network, when each bucket is first built
-after warm-up (rank 0 prints its table; ``state.choices()`` says what it
-chose). Every option and its default is ``Options``'s.
+The spec strings and their keys are gradcomp's registry's (``compressors()``).
+``"auto"`` (bf16, topkc and powersgd) or ``"auto:of=A+B+..."`` lets gradcomp's
+planner choose among those, bucket by bucket, when each bucket is first built
+after warm-up: it predicts each candidate's step time on this group's measured
+network (step time, not convergence: it keeps bf16 unless another is predicted
+to save over 10% of bf16's time). It prints nothing; ``state.choices()`` says
+what it chose and ``state.report()`` why. Every option and its default is
+``Options``'s (``Options()`` prints them).
+
+Errors, each a subclass of ``Error`` (a ``RuntimeError``), raised on every rank:
+
+- ``register`` raises ``TypeError`` for arguments of the wrong kind, and
+  ``InvalidArgument`` (also a ``ValueError``) for a spec it cannot read, a
+  value out of its key's range, or one this group's size cannot take, before
+  any step;
+- ``loss.backward()`` (the step DDP waits on) raises ``NonfiniteError`` (also
+  an ``ArithmeticError``) for a NaN or infinity in any rank's bucket under
+  ``nonfinite="raise"``, ``InvalidArgument`` for a bucket the spec cannot take
+  (a ``k`` beyond it, say; known only once DDP has built it), and
+  ``CollectiveError`` when a peer leaves or the group times out. Each carries
+  gradcomp's message alone, and every rank's error-feedback state is kept.
 """
 
 from collections.abc import Sequence
@@ -144,8 +160,16 @@ class GradcompState:
 
     def choices(self) -> dict[int, str]:
         """The planner's compressor of each bucket it planned, by index (a
-        spec "auto:of=..."; empty otherwise)."""
+        spec ``"auto"`` or ``"auto:of=..."``; empty otherwise)."""
         return self._impl.choices()
+
+    def report(self) -> str:
+        """What the planner weighed for each bucket it planned, as tables
+        headed "Bucket <index>" (the indices of ``choices()``): the measured
+        network, each candidate's predicted step time against bf16's, and the
+        choice. The choices are the same on every rank; the timings are this
+        rank's. Empty for a fixed compressor. Nothing is printed unless asked."""
+        return self._impl.report()
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's state: the options' compressors, the iterations and
@@ -208,20 +232,18 @@ def register(
     **options: Any,
 ) -> GradcompState:
     """Registers gradcomp's hook on the DDP ``model``, reducing by the
-    ``compressor`` spec (or ``"auto:of=..."``, the planner's choice per
-    bucket); returns its GradcompState. ``options`` are ``Options``' fields:
-    ``small``, ``min_compression_elements``, ``vectors_uncompressed``,
-    ``warmup`` (iterations of plain fp32 means, like ``start_powerSGD_iter``),
-    ``seed``, ``nonfinite`` (``"raise"`` or ``"propagate"``; CUDA buckets
-    always propagate: a bad value makes the bucket NaN on every rank, as
-    raising would need the host to wait), ``lanes`` (host buckets reduced at
-    once, each over a gloo group of its own split from the process group, as
-    gloo runs two collectives at once for PyTorch's own hooks; the results
-    are the same with any number) and ``threads``.
+    ``compressor`` spec (default bf16; ``"auto"`` or ``"auto:of=..."``: the
+    planner's choice per bucket); returns its GradcompState. ``options`` are
+    ``Options``' fields, each described there with its default: ``small``,
+    ``min_compression_elements``, ``vectors_uncompressed``, ``warmup`` (2),
+    ``seed``, ``nonfinite``, ``lanes`` (2) and ``threads``.
 
     Raises ``TypeError`` when ``model`` is not the DDP wrapper (a module
-    before ``DistributedDataParallel(module)``, say) or the compressor is not
-    a string, and ``ValueError`` (every rank) for a spec that does not parse."""
+    before ``DistributedDataParallel(module)``, say), the compressor is not a
+    string or the process group not a ProcessGroup; ``InvalidArgument`` (a
+    ``ValueError``), on every rank before any step, for a spec that does not
+    read, a value out of its key's range, or a spec this group's size cannot
+    take (the module docstring lists where the other errors arrive)."""
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(
             "gradcomp.torch.register: expected the torch.nn.parallel.DistributedDataParallel wrapper "

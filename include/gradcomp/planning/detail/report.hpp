@@ -13,7 +13,7 @@ namespace gradcomp::inline GRADCOMP_ABI {
 
 /// The plan as text: the network's lines, then a table per bucket and a
 /// verdict.
-inline std::string compression_plan::table() const {
+inline std::string compression_plan::table(std::size_t first_bucket) const {
   char line[256];
   auto const links = [&](network_model const& model, std::string const& what) {
     std::string out = what + ", t = latency + bytes / bandwidth:\n";
@@ -33,9 +33,9 @@ inline std::string compression_plan::table() const {
   bool any_pays = false;
   for (std::size_t b = 0; b < buckets.size(); ++b) {
     auto const& c = buckets[b];
-    std::snprintf(line, sizeof line, "Bucket %zu (%zu elements%s):\n  %-28s %10s %10s %10s %12s %9s\n", b, c.elements,
-                  sharded ? ", reduce-scattered" : "", "candidate", "local ms", "comm ms", "total ms", "wire bytes",
-                  "vs bf16");
+    std::snprintf(line, sizeof line, "Bucket %zu (%zu elements%s):\n  %-28s %10s %10s %10s %12s %9s\n",
+                  first_bucket + b, c.elements, sharded ? ", reduce-scattered" : "", "candidate", "local ms", "comm ms",
+                  "total ms", "wire bytes", "vs bf16");
     out += line;
     for (std::size_t r = 0; r < c.rows.size(); ++r) {
       auto const& row = c.rows[r];

@@ -20,7 +20,8 @@ namespace gradcomp::inline GRADCOMP_ABI {
 /// The rules plan_buckets and takes_compressor follow (model_reducer_options
 /// holds them).
 struct bucket_rules {
-  /// Buckets of fewer elements take the `small` compressor.
+  /// Buckets of fewer elements (values, not bytes) take the `small` compressor:
+  /// below 64 Ki values a compressor's fixed costs outweigh the bytes saved.
   std::size_t min_compression_elements = std::size_t{1} << 16;
   /// 1-D tensors (biases, norms) go in buckets of their own, which take
   /// `small`; a bucket made elsewhere (DDP's) takes the compressor only if it
@@ -54,8 +55,9 @@ struct bucket_plan {
 
 /// Whether a bucket of tensors of these `shapes` (each a list of extents),
 /// `elements` values in all, takes the compressor rather than `small`: it
-/// holds at least min_compression_elements values (PyTorch's
-/// min_compression_rate, CGX's layer_min_size) and, where
+/// holds at least min_compression_elements values (an element count, as
+/// CGX's layer_min_size; PyTorch's PowerSGD hook instead compares sizes per
+/// tensor, by its min_compression_rate) and, where
 /// vectors_uncompressed, a tensor of two or more dimensions (biases and
 /// norms are small, and PowerSGD compresses matrices).
 template <class Shapes>

@@ -24,8 +24,9 @@ struct model_reducer_options : bucket_rules {
   /// the order plan_buckets gives them (the planner's choices:
   /// choose_compressors), instead of `compressor`.
   std::vector<compressor_spec> compressors{};
-  /// The compressor of small buckets and of 1-D tensors (bf16, no error
-  /// feedback: PyTorch's min_compression_rate, CGX's layer_min_size).
+  /// The compressor of the buckets that do not take `compressor`
+  /// (takes_compressor: small ones, and those of 1-D tensors only): bf16,
+  /// without error feedback.
   compressor_spec small{};
   /// Non-finite policy, seed and warm-up of every bucket (each bucket's
   /// position is its `bucket`).

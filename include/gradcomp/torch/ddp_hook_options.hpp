@@ -1,0 +1,30 @@
+// What the DDP hook is told (ddp_hook_options), with the hook's defaults and
+// why each is what it is: gradcomp.torch's Options are this struct.
+#pragma once
+
+#include <gradcomp/reducers/model/options.hpp>
+
+namespace gradcomp::inline GRADCOMP_ABI {
+
+/// How a ddp_hook_state reduces DDP's buckets: the model-level options
+/// (compressor, small, bucket rules, warm-up, seed, non-finite policy,
+/// lanes), and the host loops' threads. Their defaults are the hook's, and
+/// gradcomp.torch reads them from here:
+/// - compressor bf16 (model_reducer_options): the reduction of PyTorch's
+///   bf16_compress_hook, the baseline to beat; compression is a choice;
+/// - two warm-up iterations: DDP rebuilds its buckets after the first, so the
+///   compressors start on the buckets it keeps (PyTorch refuses a
+///   start_powerSGD_iter below 2 with error feedback for the same reason);
+/// - two lanes: gloo moves two collectives at once faster than one after the
+///   other (as it does for PyTorch's own hooks).
+struct ddp_hook_options : model_reducer_options {
+  /// Threads of the host loops (gradcomp.torch passes torch's intra-op
+  /// thread count, what the user gave each rank); 0: OpenMP's default.
+  int threads = 0;
+  ddp_hook_options() {
+    reduce.warmup_steps = 2;
+    lanes = 2;
+  }
+};
+
+}  // namespace gradcomp
