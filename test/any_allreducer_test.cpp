@@ -40,15 +40,6 @@ void for_each_spec(F&& f) {
   f("intsgd:lane=int32", intsgd<std::int32_t>{}, residual{}, "intsgd<int32>");
 }
 
-std::string error_of(std::string const& text) {
-  try {
-    (void)compressor_spec::parse(text);
-  } catch (invalid_argument const& e) {
-    return e.what();
-  }
-  return "(accepted)";
-}
-
 }  // namespace
 
 TEST_CASE("any_allreducer gives bitwise the typed allreducer's results, for every compressor") {

@@ -33,15 +33,6 @@ std::set<std::string> registered_names() {
 
 std::filesystem::path source_dir() { return GRADCOMP_SOURCE_DIR; }
 
-std::string error_of(std::string const& text) {
-  try {
-    (void)compressor_spec::parse(text);
-  } catch (invalid_argument const& e) {
-    return e.what();
-  }
-  return "(accepted)";
-}
-
 }  // namespace
 
 TEST_CASE("every registered compressor builds from its spec and steps bitwise as its typed allreducer") {

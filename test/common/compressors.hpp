@@ -5,9 +5,20 @@
 #include <gradcomp/gradcomp.hpp>
 
 #include <cstddef>
+#include <string>
 #include <type_traits>
 
 namespace gradcomp::testing {
+
+/// Why compressor_spec::parse refuses `text`, or "(accepted)".
+inline std::string error_of(std::string const& text) {
+  try {
+    (void)compressor_spec::parse(text);
+  } catch (invalid_argument const& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
 
 /// Shapes of odd sizes: a matrix (PowerSGD compresses it), a bias, a 3-D tensor.
 inline bucket_layout odd_layout(std::size_t scale) {
