@@ -105,10 +105,7 @@ class ddp_hook_state {
     with_core(buffer, [&](auto& core, auto* data) {
       using G = std::remove_pointer_t<decltype(data)>;
       using memory = typename std::decay_t<decltype(core)>::memory;
-      if constexpr (std::is_same_v<memory,
-                                   host_memory>)  // (detail/hook_planner.hpp; a resumed state keeps its choices)
-        if (options_.compressor.is_automatic() && !resumed_ && iterations_ >= options_.reduce.warmup_steps)
-          planner_.before_step<G>(host_communicator(), index, extents, options_, [this] { drain(); });
+      if constexpr (std::is_same_v<memory, host_memory>) plan_before_step<G>(index, extents);
       span<G, memory> gradient(data, static_cast<std::size_t>(buffer.numel()));
       auto tag = std::make_unique<pending_result>(pending_result{future, std::move(result), this});
       core.submit_handed(index, gradient, positions, extents, tag.get());
@@ -317,12 +314,22 @@ class ddp_hook_state {
     return out;
   }
 
+  // `auto`: a host bucket is planned before its first compressed step, over
+  // the whole group (detail/hook_planner.hpp); a resumed state keeps the
+  // choices it saved.
+  template <class G>
+  void plan_before_step(std::size_t index, std::vector<std::vector<std::size_t>> const& extents) {
+    if (options_.compressor.is_automatic() && !resumed_ && iterations_ >= options_.reduce.warmup_steps)
+      planner_.before_step<G>(host_communicator(), index, extents, options_, [this] { drain(); });
+  }
+
   // The choice for bucket `index` when its lane builds it: planned before the
   // step (host buckets), else now over the lane (collective there).
   template <class G, class Space>
   compressor_spec plan_bucket(c10d_communicator& lane, std::size_t index, bucket_layout const& layout,
                               Space const& space) {
-    if (auto const kept = planner_.choice(index, layout)) return *kept;
+    auto const extents = shapes_of(layout);
+    if (auto const kept = planner_.choice(index, extents)) return *kept;
     compression_plan plan;
     if constexpr (std::is_same_v<Space, host_space>)
       plan = plan_compression<G>(lane, {layout}, space, planner_.options());
@@ -330,7 +337,7 @@ class ddp_hook_state {
     else
       plan = device_->template plan<G>()(lane, layout, space, planner_.options());
 #endif
-    planner_.keep(index, layout, plan);
+    planner_.keep(index, extents, plan);
     return plan.chosen(0);
   }
 

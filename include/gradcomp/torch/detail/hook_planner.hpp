@@ -12,8 +12,10 @@
 #include <gradcomp/reducers/model/bucket_rules.hpp>
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,32 +33,35 @@ class hook_planner {
   /// The planner's options: the choice's candidates.
   planner_options const& options() const { return options_; }
 
-  /// Plans bucket `index` of these `extents` over `world`, after `drain()`
-  /// has emptied the lanes, unless it takes `small` (`rules`) or is planned
-  /// for these shapes already. Every rank hands over the same buckets in the
-  /// same order and waits here, so the network is measured with nothing else
-  /// on it: measured on a lane, beside the other lane's traffic and the
-  /// ranks' backward passes, it once priced bf16 at a tenth of the link's
-  /// rate. Collective over `world` where it plans.
+  /// Plans bucket `index` of tensors of these `extents` over `world`, after
+  /// `drain()` has emptied the lanes, unless it takes `small` (`rules`) or is
+  /// planned for these shapes already (then it allocates nothing: it runs
+  /// at every step). Every rank hands over the same buckets in the same
+  /// order and waits here, so the network is measured with nothing else on
+  /// it: measured on a lane, beside the other lane's traffic and the ranks'
+  /// backward passes, it once priced bf16 at a tenth of the link's rate.
+  /// Collective over `world` where it plans.
   template <class G, class World, class Drain>
   void before_step(World& world, std::size_t index, shapes const& extents, bucket_rules const& rules, Drain&& drain) {
+    std::size_t elements = 0;
+    for (auto const& e : extents) elements += std::accumulate(e.begin(), e.end(), std::size_t{1}, std::multiplies<>{});
+    if (!takes_compressor(extents, elements, rules) || choice(index, extents)) return;
     bucket_layout layout;
     for (auto const& e : extents) layout.add(e);
-    if (!takes_compressor(extents, layout.size(), rules) || choice(index, layout)) return;
     drain();
-    keep(index, layout, plan_compression<G>(world, {layout}, host_space{}, options_));
+    keep(index, extents, plan_compression<G>(world, {layout}, host_space{}, options_));
   }
 
-  /// Keeps `plan` (of the one bucket `layout`) as bucket `index`'s.
-  void keep(std::size_t index, bucket_layout const& layout, compression_plan const& plan) {
+  /// Keeps `plan` (of the one bucket of tensors of these `extents`) as bucket `index`'s.
+  void keep(std::size_t index, shapes const& extents, compression_plan const& plan) {
     std::lock_guard<std::mutex> const lock(mutex_);
-    kept_.insert_or_assign(index, kept{shapes_of(layout), plan.chosen(0), plan.table(index)});
+    kept_.insert_or_assign(index, kept{extents, plan.chosen(0), plan.table(index)});
   }
-  /// The choice kept for bucket `index`, where it was made for `layout`'s shapes.
-  std::optional<compressor_spec> choice(std::size_t index, bucket_layout const& layout) const {
+  /// The choice kept for bucket `index`, where it was made for these `extents`.
+  std::optional<compressor_spec> choice(std::size_t index, shapes const& extents) const {
     std::lock_guard<std::mutex> const lock(mutex_);
     auto const found = kept_.find(index);
-    if (found == kept_.end() || found->second.extents != shapes_of(layout)) return std::nullopt;
+    if (found == kept_.end() || found->second.extents != extents) return std::nullopt;
     return found->second.spec;
   }
   /// Every kept table, in index order.
@@ -73,12 +78,6 @@ class hook_planner {
     compressor_spec spec;
     std::string table;
   };
-  static shapes shapes_of(bucket_layout const& layout) {
-    shapes out;
-    for (auto const& t : layout.tensors()) out.push_back(t.shape);
-    return out;
-  }
-
   planner_options options_;
   mutable std::mutex mutex_;
   std::map<std::size_t, kept> kept_;
