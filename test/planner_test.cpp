@@ -4,6 +4,9 @@
 #include <gradcomp/collectives/local_group.hpp>
 #include <gradcomp/planning/planner.hpp>
 #include <gradcomp/reducers/any_reduce_scatterer.hpp>
+#include <gradcomp/torch/detail/hook_planner.hpp>
+
+#include "common/slow_link.hpp"
 
 #include <doctest/doctest.h>
 
@@ -18,45 +21,7 @@
 namespace {
 
 using namespace gradcomp;
-
-// local_group, but every call takes latency + bytes x per_byte from its
-// start, its own work included (so a slow build, as under a sanitizer, adds
-// nothing while that work is shorter): a network of known terms (the bytes
-// as the fits count them).
-struct slow_link {
-  local_group::communicator* inner;
-  double latency, per_byte;
-  int rank() const { return inner->rank(); }
-  int size() const { return inner->size(); }
-  bool accepts(memory_kind k) const { return inner->accepts(k); }
-  template <class Call>
-  void modeled(double bytes,
-               Call&& call) const {  // (sleeps overshoot by a few hundred microseconds here: the last one spins)
-    auto const until =
-        std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                               std::chrono::duration<double>(latency + bytes * per_byte));
-    call();
-    std::this_thread::sleep_until(until - std::chrono::milliseconds(1));
-    while (std::chrono::steady_clock::now() < until) {
-    }
-  }
-  template <wire_type T>
-  void all_reduce(T const* s, T* r, std::size_t n, reduce_op op) {
-    modeled(static_cast<double>(n * sizeof(T)), [&] { inner->all_reduce(s, r, n, op); });
-  }
-  template <wire_type T>
-  void all_gather(T const* s, T* r, std::size_t n) {
-    modeled(static_cast<double>(n * sizeof(T)) * size(), [&] { inner->all_gather(s, r, n); });
-  }
-  template <wire_type T>
-  void broadcast(T* b, std::size_t n, int root) {
-    modeled(static_cast<double>(n * sizeof(T)), [&] { inner->broadcast(b, n, root); });
-  }
-  template <wire_type T>
-  void reduce_scatter(T const* s, T* r, std::size_t n, reduce_op op) {
-    modeled(static_cast<double>(n * sizeof(T)) * size(), [&] { inner->reduce_scatter(s, r, n, op); });
-  }
-};
+using gradcomp::testing::slow_link;
 
 // Whether sleeps and spins keep their time here: not under ThreadSanitizer,
 // whose scheduling of the two ranks' threads has put the fit 25% off on a
@@ -409,4 +374,55 @@ TEST_CASE("one bucket's compressor: a fixed spec as itself, an automatic one pla
     chosen[static_cast<std::size_t>(comm.rank())] += " " + plan.table();
   });
   CHECK((chosen[1] == chosen[0] && chosen[2] == chosen[0]));
+}
+
+TEST_CASE(
+    "the DDP hook's auto: a link of known rate measured with the lanes drained; the step's other work and "
+    "unknown convergence weigh against compression, the same on every rank") {
+  double const latency = 4e-3, per_byte = 1e-7;               // 4 ms, 10 MB/s
+  detail::hook_planner::shapes const extents = {{256, 256}};  // bf16's 128 KiB take ~17 ms here
+  struct scenario {
+    double iteration[2];  // each rank's timed iteration, seconds
+    double unknown_steps_factor;
+    char const* expected;
+  };
+  for (auto const& s : {scenario{{0, 0}, 1, "topkc"},        // nothing timed: the reductions alone
+                        scenario{{0.01, 0.01}, 1, "topkc"},  // beside 10 ms of other work, it still saves ~20%
+                        scenario{{0.01, 0.01}, 2, "bf16"},   // not at twice bf16's steps
+                        scenario{{1.0, 0}, 1, "bf16"}}) {    // rank 0's long iteration counts on both
+    INFO("iterations " << s.iteration[0] << " s and " << s.iteration[1] << " s, unknown steps factor "
+                       << s.unknown_steps_factor);
+    std::vector<std::string> chosen(2);
+    std::vector<network_model> networks(2);
+    local_group::run(2, [&](local_group::communicator& comm) {
+      auto const rank = static_cast<std::size_t>(comm.rank());
+      slow_link link{&comm, latency, per_byte};
+      planner_options options;
+      options.candidates = {compressor_spec::parse("bf16"), compressor_spec::parse("topkc")};
+      options.unknown_steps_factor = s.unknown_steps_factor;
+      options.network = {.sizes = {8, 16 << 10, 40 << 10}, .repeats = 3};
+      detail::hook_planner planner(options);
+      using clock = detail::hook_planner::clock;
+      auto const start = clock::now();
+      planner.handed(256 * 256, true, start);  // a warm-up iteration of one bucket, timed when the next begins
+      planner.handed(
+          256 * 256, true,
+          start + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(s.iteration[rank])));
+      int drained = 0;
+      for (int step = 0; step < 2; ++step)  // planned at the first; the second finds it planned
+        planner.before_step<float>(link, 0, extents, bucket_rules{}, [&] { ++drained; });
+      CHECK(drained == 1);
+      chosen[rank] = planner.choice(0, extents).value_or(compressor_spec::parse("qsgd")).str();
+      networks[rank] = planner.network(0).value();
+    });
+    CHECK(chosen[1] == chosen[0]);
+    CHECK(std::memcmp(&networks[1].links[0].fit, &networks[0].links[0].fit, sizeof(link_fit)) == 0);
+    if (!faithful_timing) continue;
+    CHECK(chosen[0] == compressor_spec::parse(s.expected).str());
+    for (auto const& l : networks[0].links) {
+      INFO(std::string(name_of(l.op)) << " " << name_of(l.type));
+      CHECK(std::fabs(l.fit.latency - latency) <= 0.1 * latency);
+      CHECK(std::fabs(l.fit.seconds_per_byte - per_byte) <= 0.1 * per_byte);
+    }
+  }
 }

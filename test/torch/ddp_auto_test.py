@@ -4,12 +4,15 @@
   the same on every rank, among the candidates; a loaded state keeps the
   saved choices;
 - plain "auto" with every default, on a small CNN, prints nothing, and its
-  report numbers the buckets as choices() does.
+  report numbers the buckets as choices() does, weighs each bucket with its
+  share of an iteration timed during warm-up, and prices the candidates
+  other than bf16 at twice bf16's steps.
 
     PYTHONPATH=build/python:build/test/torch python3 test/torch/ddp_auto_test.py
 """
 
 import os
+import re
 import sys
 import tempfile
 
@@ -103,6 +106,11 @@ def main():
         check(
             len(got["choices"]) > 0 and numbered == sorted(got["choices"]) and got["same"],
             f"rank {r}: auto on a CNN: choices {got['choices']} for the buckets its report numbers {numbered}",
+        )
+        other = re.search(r"the step's other ([0-9.]+) ms\), x steps to target: (.*)", report)
+        check(
+            other is not None and float(other.group(1)) > 0 and other.group(2) == "powersgd 2.00, topkc 2.00",
+            f"rank {r}: auto weighs the timed iteration and unknown convergence: {other and other.group(0)!r}",
         )
     check(all(results[r]["choices"] == results[0]["choices"] for r in range(RANKS)), "auto: every rank chose alike")
     return 1 if check.failed() else 0

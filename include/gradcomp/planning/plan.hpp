@@ -22,16 +22,22 @@ struct planner_options {
   /// The compressors it may choose among (bf16 is measured beside them
   /// either way: every row is compared with it).
   std::vector<compressor_spec> candidates = compressor_choice::default_candidates();
-  /// Steps to a target relative to bf16's, by spec string (1 where absent):
-  /// with it, candidates are ranked by predicted time to target.
+  /// Steps to a target relative to bf16's, by spec string: with it,
+  /// candidates are ranked by predicted time to target.
   std::map<std::string, double> steps_factor;
+  /// The steps factor of a candidate other than bf16 that steps_factor
+  /// leaves out. 1 ranks it by step time alone (what the planner's
+  /// validation measures); more prices its unknown convergence: at 2 it is
+  /// chosen only where it would pay even if it needed twice bf16's steps
+  /// (the DDP hook's `auto`, ddp_hook_options).
+  double unknown_steps_factor = 1;
   /// Seconds of a step outside the planned buckets' reductions (forward and
   /// backward passes, the optimizer, the small buckets). Time to target is
   /// steps x the whole step: each bucket's score carries a share of this, by
   /// its elements, so that steps factors and min_gain weigh the whole step
   /// (0: the reductions alone). Buckets are scored one by one: a plan that
   /// mixes compressors is priced as if each bucket's factor applied to its
-  /// share of the step.
+  /// share of the step. Each rank may give its own: the largest counts.
   double compute_seconds = 0;
   /// Where bf16 is a candidate, another is chosen over it only if predicted
   /// to save more than this fraction of bf16's score: a smaller gain is

@@ -17,13 +17,11 @@
 // It predicts step time, not convergence: a compressor that needs more steps
 // to reach a target is only ranked by time to target when given its steps
 // factor (planner_options::steps_factor, e.g. from the time-to-accuracy
-// harness). Local work and communication are added, not overlapped: a
-// bucket's step runs its passes and its collectives one after the other.
-// plan_sharded_compression plans buckets that are reduce-scattered instead
-// (any_reduce_scatterer: a sharded optimizer's step); the weights'
-// all-gather after it is the same for every candidate and is not priced.
-// Over node_groups, both plan the two-level reducers: the dry run has two
-// levels, and each level's calls are priced on that level's network.
+// harness, or unknown_steps_factor for every candidate without one). Local work and communication are added, not
+// overlapped: a bucket's step runs its passes and its collectives one after the other. plan_sharded_compression plans
+// buckets that are reduce-scattered instead (any_reduce_scatterer: a sharded optimizer's step); the weights' all-gather
+// after it is the same for every candidate and is not priced. Over node_groups, both plan the two-level reducers: the
+// dry run has two levels, and each level's calls are priced on that level's network.
 //
 // plan.hpp holds what a plan is, detail/report.hpp its text,
 // detail/rehearsal.hpp the rehearsal, detail/world.hpp the ranks' agreement;
@@ -65,6 +63,9 @@ compression_plan plan(World& world, std::vector<bucket_layout> const& layouts, S
   GRADCOMP_EXPECTS(options.compute_seconds >= 0, "plan_compression: negative compute_seconds");
   for (auto const& [spec, factor] : options.steps_factor)
     GRADCOMP_EXPECTS(factor > 0, "plan_compression: the steps factor of '" + spec + "' is not positive");
+  GRADCOMP_EXPECTS(
+      options.unknown_steps_factor > 0,
+      "plan_compression: unknown_steps_factor " + std::to_string(options.unknown_steps_factor) + " is not positive");
   std::vector<compressor_spec> specs = options.candidates;
   auto const baseline_spec = compressor_spec::parse("bf16");
   auto const is_baseline = [&](compressor_spec const& s) { return s.str() == baseline_spec.str(); };
@@ -82,7 +83,9 @@ compression_plan plan(World& world, std::vector<bucket_layout> const& layouts, S
                                                         options.bf16_within_node);
       row.allowed = i < options.candidates.size();
       auto const factor = options.steps_factor.find(row.spec);
-      row.factor = factor == options.steps_factor.end() ? 1.0 : factor->second;
+      row.factor = factor != options.steps_factor.end() ? factor->second
+                   : is_baseline(specs[i])              ? 1.0
+                                                        : options.unknown_steps_factor;
       for (auto const& call : row.calls) seen.insert({call.op, call.type});
       for (auto const& call : row.node_calls) node_seen.insert({call.op, call.type});
       if (is_baseline(specs[i])) c.baseline = c.rows.size();
@@ -106,12 +109,14 @@ compression_plan plan(World& world, std::vector<bucket_layout> const& layouts, S
       priced.insert(priced.end(), {row.refused.empty() ? row.local : 0.0, seconds, static_cast<double>(row.wire_bytes),
                                    row.refused.empty() ? 0.0 : 1.0});
     }
+  priced.push_back(options.compute_seconds);  // each rank's own (a step it timed): the largest counts
   agree_max(world, space, priced);
+  double const compute_seconds = priced.back();
   double elements = 0;
   for (auto const& c : result.buckets) elements += static_cast<double>(c.elements);
   std::size_t k = 0;
   for (auto& c : result.buckets) {
-    c.compute = elements > 0 ? options.compute_seconds * static_cast<double>(c.elements) / elements : 0.0;
+    c.compute = elements > 0 ? compute_seconds * static_cast<double>(c.elements) / elements : 0.0;
     for (auto& row : c.rows) {
       double const* const agreed = &priced[4 * k++];
       row.local = agreed[0];

@@ -102,6 +102,8 @@ class ddp_hook_state {
     auto future = buffer.is_cuda()
                       ? c10::make_intrusive<c10::ivalue::Future>(type, std::vector<c10::Device>{buffer.device()})
                       : c10::make_intrusive<c10::ivalue::Future>(type);
+    if (options_.compressor.is_automatic())
+      planner_.handed(static_cast<std::size_t>(buffer.numel()), last, detail::hook_planner::clock::now());
     with_core(buffer, [&](auto& core, auto* data) {
       using G = std::remove_pointer_t<decltype(data)>;
       using memory = typename std::decay_t<decltype(core)>::memory;
@@ -288,7 +290,7 @@ class ddp_hook_state {
     typename core<Space, G>::chooser choose;
     if (options_.compressor.is_automatic())
       choose = [this, space, o](std::size_t index, bucket_layout const& layout, c10d_communicator& lane) {
-        if (!takes_compressor(shapes_of(layout), layout.size(), o)) return o.small;
+        if (!takes_compressor(layout, o)) return o.small;
         return plan_bucket<G>(lane, index, layout, space);
       };
     slot = std::make_unique<core<Space, G>>("gradcomp DDP hook", comm, std::move(o), space, maker<G>(space),
@@ -305,13 +307,7 @@ class ddp_hook_state {
   template <class Core>
   bool planned(Core const& core, std::size_t b) const {
     auto const* r = core.bucket(b);
-    return takes_compressor(shapes_of(r->layout()), r->layout().size(), options_);
-  }
-
-  static std::vector<std::vector<std::size_t>> shapes_of(bucket_layout const& layout) {
-    std::vector<std::vector<std::size_t>> out;
-    for (auto const& t : layout.tensors()) out.push_back(t.shape);
-    return out;
+    return takes_compressor(r->layout(), options_);
   }
 
   // `auto`: a host bucket is planned before its first compressed step, over
@@ -328,14 +324,14 @@ class ddp_hook_state {
   template <class G, class Space>
   compressor_spec plan_bucket(c10d_communicator& lane, std::size_t index, bucket_layout const& layout,
                               Space const& space) {
-    auto const extents = shapes_of(layout);
+    auto const extents = detail::hook_planner::extents_of(layout);
     if (auto const kept = planner_.choice(index, extents)) return *kept;
     compression_plan plan;
     if constexpr (std::is_same_v<Space, host_space>)
-      plan = plan_compression<G>(lane, {layout}, space, planner_.options());
+      plan = plan_compression<G>(lane, {layout}, space, planner_.options_for(layout.size()));
 #if GRADCOMP_HAS_CUDA
     else
-      plan = device_->template plan<G>()(lane, layout, space, planner_.options());
+      plan = device_->template plan<G>()(lane, layout, space, planner_.options_for(layout.size()));
 #endif
     planner_.keep(index, extents, plan);
     return plan.chosen(0);
@@ -387,9 +383,9 @@ class ddp_hook_state {
   ddp_hook_device const* device_ = nullptr;
   std::function<std::exception_ptr(std::exception_ptr)> translate_;
   std::uint64_t iterations_ = 0;
-  std::map<std::string, std::vector<std::byte>> loaded_;  // envelopes of cores not made yet
-  detail::hook_planner planner_{options_.compressor};     // what `auto` chose, and why
-  bool resumed_ = false;                                  // load() was called: the saved choices stand
+  std::map<std::string, std::vector<std::byte>> loaded_;                      // envelopes of cores not made yet
+  detail::hook_planner planner_{detail::hook_planner::options_of(options_)};  // what `auto` chose, and why
+  bool resumed_ = false;  // load() was called: the saved choices stand
   // The communicators before the cores that use them (destroyed after).
   std::optional<c10d_communicator> host_comm_;  // built at the first host bucket (a NCCL group has no CPU backend)
 #if GRADCOMP_HAS_CUDA

@@ -126,6 +126,12 @@ inline void define_options(py::module_& m) {
       "Host buckets reduced at once, each lane on a thread and a group of its own split from the process group; "
       "the results are the same for any number.");
   c.def_readwrite("threads", &o::threads, "Threads of the host loops (0: OpenMP's default).");
+  c.def_readwrite("auto_steps_factor", &o::auto_steps_factor,
+                  "'auto': steps to a target relative to bf16's, by candidate spec ({'topkc': 1.3}), where measured "
+                  "for this model; the planner then ranks by predicted time to target.");
+  c.def_readwrite("auto_unknown_steps_factor", &o::auto_unknown_steps_factor,
+                  "'auto': the steps factor of a candidate auto_steps_factor leaves out (2: a compressor is chosen "
+                  "only where it would pay even at twice bf16's steps; 1: by step time alone).");
   c.def("__repr__", [](o const& x) {
     return "Options(compressor='" + x.compressor.str() + "', small='" + x.small.str() +
            "', min_compression_elements=" + std::to_string(x.min_compression_elements) +
@@ -135,7 +141,7 @@ inline void define_options(py::module_& m) {
       [](o const& x) {
         return py::make_tuple(x.compressor.str(), x.small.str(), x.min_compression_elements, x.vectors_uncompressed,
                               x.reduce.warmup_steps, x.reduce.seed, static_cast<int>(x.reduce.nonfinite), x.lanes,
-                              x.threads);
+                              x.threads, x.auto_steps_factor, x.auto_unknown_steps_factor);
       },
       [](py::tuple const& t) {
         o x;
@@ -148,6 +154,8 @@ inline void define_options(py::module_& m) {
         x.reduce.nonfinite = static_cast<nonfinite_policy>(t[6].cast<int>());
         x.lanes = t[7].cast<int>();
         x.threads = t[8].cast<int>();
+        x.auto_steps_factor = t[9].cast<std::map<std::string, double>>();
+        x.auto_unknown_steps_factor = t[10].cast<double>();
         return x;
       }));
 }

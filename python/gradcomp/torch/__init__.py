@@ -12,10 +12,14 @@ side stream, where the module was built with CUDA (``device_buckets``), without
 the host waiting for the step. 16-bit buckets are reduced as they are stored.
 The spec strings and their keys are gradcomp's registry's (``compressors()``).
 ``"auto"`` (bf16, topkc and powersgd) or ``"auto:of=A+B+..."`` lets gradcomp's
-planner choose among those, bucket by bucket, when each bucket is first built
-after warm-up: it predicts each candidate's step time on this group's measured
-network (step time, not convergence: it keeps bf16 unless another is predicted
-to save over 10% of bf16's time). It prints nothing; ``state.choices()`` says
+planner choose among those, bucket by bucket, just before a bucket's first
+compressed step, every rank waiting and nothing else on the group: it measures
+the network, times each candidate's step on the bucket, and weighs it with the
+bucket's share of an iteration timed during warm-up. It predicts step time,
+not convergence: a candidate whose steps to a target are unknown is priced at
+twice bf16's (``auto_unknown_steps_factor``; measured ones go in
+``auto_steps_factor``), and bf16 is kept unless another is predicted to save
+over 10% of its time to target. It prints nothing; ``state.choices()`` says
 what it chose and ``state.report()`` why. Every option and its default is
 ``Options``'s (``Options()`` prints them).
 
@@ -236,7 +240,8 @@ def register(
     planner's choice per bucket); returns its GradcompState. ``options`` are
     ``Options``' fields, each described there with its default: ``small``,
     ``min_compression_elements``, ``vectors_uncompressed``, ``warmup`` (2),
-    ``seed``, ``nonfinite``, ``lanes`` (2) and ``threads``.
+    ``seed``, ``nonfinite``, ``lanes`` (2), ``threads``, and for ``"auto"``
+    ``auto_steps_factor`` and ``auto_unknown_steps_factor`` (2).
 
     Raises ``TypeError`` when ``model`` is not the DDP wrapper (a module
     before ``DistributedDataParallel(module)``, say), the compressor is not a

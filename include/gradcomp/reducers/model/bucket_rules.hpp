@@ -5,6 +5,7 @@
 // twin, the DDP hook) calls these.
 #pragma once
 
+#include <gradcomp/bucket_layout.hpp>
 #include <gradcomp/detail/checked.hpp>
 #include <gradcomp/detail/hash.hpp>
 
@@ -65,6 +66,14 @@ bool takes_compressor(Shapes const& shapes, std::size_t elements, bucket_rules c
   if (elements < rules.min_compression_elements) return false;
   if (!rules.vectors_uncompressed) return true;
   return std::any_of(std::begin(shapes), std::end(shapes), [](auto const& s) { return std::size(s) > 1; });
+}
+
+/// takes_compressor of a bucket laid out as `layout`.
+inline bool takes_compressor(bucket_layout const& layout, bucket_rules const& rules) {
+  if (layout.size() < rules.min_compression_elements) return false;
+  if (!rules.vectors_uncompressed) return true;
+  return std::any_of(layout.tensors().begin(), layout.tensors().end(),
+                     [](tensor_info const& t) { return t.shape.size() > 1; });
 }
 
 /// Packs parameters of `shapes` (in backward order; elements of

@@ -322,8 +322,7 @@ class model_buckets {
     } else if (choose_) {
       e.spec = choose_(index, e.layout, world);
     } else {
-      e.spec = takes_compressor(shapes_of(e.layout), e.layout.size(), options_) ? options_.compressor.spec()
-                                                                                : options_.small;
+      e.spec = takes_compressor(e.layout, options_) ? options_.compressor.spec() : options_.small;
     }
     e.reduce = make_(e.spec, world, e.layout, space_, o, options_.bf16_within_node);
     if (loaded) {
@@ -332,12 +331,6 @@ class model_buckets {
     } else if (step > 0 && !e.warming) {
       e.reduce->begin_at(std::min(step, o.warmup_steps));
     }
-  }
-
-  static std::vector<shape> shapes_of(bucket_layout const& layout) {
-    std::vector<shape> out;
-    for (auto const& t : layout.tensors()) out.push_back(t.shape);
-    return out;
   }
 
   // Runs a job on its lane: builds its bucket first where it is not built.
