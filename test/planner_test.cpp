@@ -31,6 +31,11 @@ constexpr bool faithful_timing = false;
 #else
 constexpr bool faithful_timing = true;
 #endif
+#if defined(__OPTIMIZE__)
+constexpr bool optimized_build = true;
+#else
+constexpr bool optimized_build = false;
+#endif
 
 }  // namespace
 
@@ -418,11 +423,13 @@ TEST_CASE(
     CHECK(chosen[1] == chosen[0]);
     CHECK(std::memcmp(&networks[1].links[0].fit, &networks[0].links[0].fit, sizeof(link_fit)) == 0);
     if (!faithful_timing) continue;
-    CHECK(chosen[0] == compressor_spec::parse(s.expected).str());
     for (auto const& l : networks[0].links) {
       INFO(std::string(name_of(l.op)) << " " << name_of(l.type));
       CHECK(std::fabs(l.fit.latency - latency) <= 0.1 * latency);
       CHECK(std::fabs(l.fit.seconds_per_byte - per_byte) <= 0.1 * per_byte);
     }
+    // (the choices assume TopK-Chunked's local work on 64 Ki values is far
+    // under bf16's 17 ms here: an optimized build's, not -O0's)
+    if (optimized_build) CHECK(chosen[0] == compressor_spec::parse(s.expected).str());
   }
 }
