@@ -17,11 +17,14 @@
 // It predicts step time, not convergence: a compressor that needs more steps
 // to reach a target is only ranked by time to target when given its steps
 // factor (planner_options::steps_factor, e.g. from the time-to-accuracy
-// harness, or unknown_steps_factor for every candidate without one). Local work and communication are added, not
-// overlapped: a bucket's step runs its passes and its collectives one after the other. plan_sharded_compression plans
-// buckets that are reduce-scattered instead (any_reduce_scatterer: a sharded optimizer's step); the weights' all-gather
-// after it is the same for every candidate and is not priced. Over node_groups, both plan the two-level reducers: the
-// dry run has two levels, and each level's calls are priced on that level's network.
+// harness, or unknown_steps_factor for every candidate without one). Local
+// work and communication are added, not overlapped: a bucket's step runs
+// its passes and its collectives one after the other.
+// plan_sharded_compression plans buckets that are reduce-scattered instead
+// (any_reduce_scatterer: a sharded optimizer's step); the weights'
+// all-gather after it is the same for every candidate and is not priced.
+// Over node_groups, both plan the two-level reducers: the dry run has two
+// levels, and each level's calls are priced on that level's network.
 //
 // plan.hpp holds what a plan is, detail/report.hpp its text,
 // detail/rehearsal.hpp the rehearsal, detail/world.hpp the ranks' agreement;

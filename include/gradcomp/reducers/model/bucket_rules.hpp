@@ -54,6 +54,14 @@ struct bucket_plan {
   std::size_t total = 0;        ///< Elements of the model.
 };
 
+namespace detail {
+/// The rule itself, given whether the bucket holds a tensor of two or more
+/// dimensions (each overload reads that from what it is given).
+inline bool compressor_rule(std::size_t elements, bool holds_matrix, bucket_rules const& rules) {
+  return elements >= rules.min_compression_elements && (!rules.vectors_uncompressed || holds_matrix);
+}
+}  // namespace detail
+
 /// Whether a bucket of tensors of these `shapes` (each a list of extents),
 /// `elements` values in all, takes the compressor rather than `small`: it
 /// holds at least min_compression_elements values (an element count, as
@@ -63,17 +71,16 @@ struct bucket_plan {
 /// norms are small, and PowerSGD compresses matrices).
 template <class Shapes>
 bool takes_compressor(Shapes const& shapes, std::size_t elements, bucket_rules const& rules) {
-  if (elements < rules.min_compression_elements) return false;
-  if (!rules.vectors_uncompressed) return true;
-  return std::any_of(std::begin(shapes), std::end(shapes), [](auto const& s) { return std::size(s) > 1; });
+  bool const holds_matrix =
+      std::any_of(std::begin(shapes), std::end(shapes), [](auto const& s) { return std::size(s) > 1; });
+  return detail::compressor_rule(elements, holds_matrix, rules);
 }
 
 /// takes_compressor of a bucket laid out as `layout`.
 inline bool takes_compressor(bucket_layout const& layout, bucket_rules const& rules) {
-  if (layout.size() < rules.min_compression_elements) return false;
-  if (!rules.vectors_uncompressed) return true;
-  return std::any_of(layout.tensors().begin(), layout.tensors().end(),
-                     [](tensor_info const& t) { return t.shape.size() > 1; });
+  bool const holds_matrix = std::any_of(layout.tensors().begin(), layout.tensors().end(),
+                                        [](tensor_info const& t) { return t.shape.size() > 1; });
+  return detail::compressor_rule(layout.size(), holds_matrix, rules);
 }
 
 /// Packs parameters of `shapes` (in backward order; elements of

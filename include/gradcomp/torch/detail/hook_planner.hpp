@@ -45,8 +45,7 @@ class hook_planner {
     planner_options out;
     out.candidates = o.compressor.candidates();
     GRADCOMP_EXPECTS(o.auto_unknown_steps_factor > 0,
-                     "gradcomp DDP hook: auto_unknown_steps_factor must be positive, "
-                     "not " +
+                     "gradcomp DDP hook: auto_unknown_steps_factor must be positive, not " +
                          std::to_string(o.auto_unknown_steps_factor));
     out.unknown_steps_factor = o.auto_unknown_steps_factor;
     for (auto const& [text, factor] : o.auto_steps_factor) {
