@@ -84,7 +84,7 @@ while read -r line; do
   else
     (check_names "$names") || failures=$((failures + 1))
   fi
-done < <(cat "${docs[@]}" | grep -- '--only "[^"]*"')
+done < <(cat "${docs[@]}" | sed -e ':a' -e '/\\$/N; s/\\\n//; ta' | grep -- '--only "[^"]*"')  # (a command continued over lines: one line)
 [ "$(cat "${docs[@]}" | grep -c -- '--only "')" -gt 0 ] && got=yes || got=no
 expect "the docs have --only lists to check" "$got" yes
 
