@@ -4,7 +4,6 @@
 #include <gradcomp/collectives/local_group.hpp>
 #include <gradcomp/planning/planner.hpp>
 #include <gradcomp/reducers/any_reduce_scatterer.hpp>
-#include <gradcomp/torch/detail/hook_planner.hpp>
 
 #include "common/slow_link.hpp"
 
@@ -21,21 +20,8 @@
 namespace {
 
 using namespace gradcomp;
+using gradcomp::testing::faithful_timing;
 using gradcomp::testing::slow_link;
-
-// Whether sleeps and spins keep their time here: not under ThreadSanitizer,
-// whose scheduling of the two ranks' threads has put the fit 25% off on a
-// busy 2-core machine (the fit is still checked to be every rank's).
-#if defined(__SANITIZE_THREAD__)  // (as property_test.cpp detects it: CI's TSan build is GCC's)
-constexpr bool faithful_timing = false;
-#else
-constexpr bool faithful_timing = true;
-#endif
-#if defined(__OPTIMIZE__)
-constexpr bool optimized_build = true;
-#else
-constexpr bool optimized_build = false;
-#endif
 
 }  // namespace
 
@@ -379,57 +365,4 @@ TEST_CASE("one bucket's compressor: a fixed spec as itself, an automatic one pla
     chosen[static_cast<std::size_t>(comm.rank())] += " " + plan.table();
   });
   CHECK((chosen[1] == chosen[0] && chosen[2] == chosen[0]));
-}
-
-TEST_CASE(
-    "the DDP hook's auto: a link of known rate measured with the lanes drained; the step's other work and "
-    "unknown convergence weigh against compression, the same on every rank") {
-  double const latency = 4e-3, per_byte = 1e-7;               // 4 ms, 10 MB/s
-  detail::hook_planner::shapes const extents = {{256, 256}};  // bf16's 128 KiB take ~17 ms here
-  struct scenario {
-    double iteration[2];  // each rank's timed iteration, seconds
-    double unknown_steps_factor;
-    char const* expected;
-  };
-  for (auto const& s : {scenario{{0, 0}, 1, "topkc"},        // nothing timed: the reductions alone
-                        scenario{{0.01, 0.01}, 1, "topkc"},  // beside 10 ms of other work, it still saves ~20%
-                        scenario{{0.01, 0.01}, 2, "bf16"},   // not at twice bf16's steps
-                        scenario{{1.0, 0}, 1, "bf16"}}) {    // rank 0's long iteration counts on both
-    INFO("iterations " << s.iteration[0] << " s and " << s.iteration[1] << " s, unknown steps factor "
-                       << s.unknown_steps_factor);
-    std::vector<std::string> chosen(2);
-    std::vector<network_model> networks(2);
-    local_group::run(2, [&](local_group::communicator& comm) {
-      auto const rank = static_cast<std::size_t>(comm.rank());
-      slow_link link{&comm, latency, per_byte};
-      planner_options options;
-      options.candidates = {compressor_spec::parse("bf16"), compressor_spec::parse("topkc")};
-      options.unknown_steps_factor = s.unknown_steps_factor;
-      options.network = {.sizes = {8, 16 << 10, 40 << 10}, .repeats = 3};
-      detail::hook_planner planner(options);
-      using clock = detail::hook_planner::clock;
-      auto const start = clock::now();
-      planner.handed(256 * 256, true, start);  // a warm-up iteration of one bucket, timed when the next begins
-      planner.handed(
-          256 * 256, true,
-          start + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(s.iteration[rank])));
-      int drained = 0;
-      for (int step = 0; step < 2; ++step)  // planned at the first; the second finds it planned
-        planner.before_step<float>(link, 0, extents, bucket_rules{}, [&] { ++drained; });
-      CHECK(drained == 1);
-      chosen[rank] = planner.choice(0, extents).value_or(compressor_spec::parse("qsgd")).str();
-      networks[rank] = planner.network(0).value();
-    });
-    CHECK(chosen[1] == chosen[0]);
-    CHECK(std::memcmp(&networks[1].links[0].fit, &networks[0].links[0].fit, sizeof(link_fit)) == 0);
-    if (!faithful_timing) continue;
-    for (auto const& l : networks[0].links) {
-      INFO(std::string(name_of(l.op)) << " " << name_of(l.type));
-      CHECK(std::fabs(l.fit.latency - latency) <= 0.1 * latency);
-      CHECK(std::fabs(l.fit.seconds_per_byte - per_byte) <= 0.1 * per_byte);
-    }
-    // (the choices assume TopK-Chunked's local work on 64 Ki values is far
-    // under bf16's 17 ms here: an optimized build's, not -O0's)
-    if (optimized_build) CHECK(chosen[0] == compressor_spec::parse(s.expected).str());
-  }
 }

@@ -51,6 +51,13 @@ struct planner_options {
   int timed_steps = 5;
   /// How the network is measured.
   network_options network{};
+  /// Links measured before over the same group (an earlier plan's
+  /// compression_plan::network, and node_network for two levels): a link
+  /// found there is priced from it, not measured again, so that a caller
+  /// that plans bucket by bucket measures the network once. The same on
+  /// every rank (an earlier plan's is); empty: everything is measured.
+  network_model measured{.ranks = 0, .links = {}};
+  network_model measured_node{.ranks = 0, .links = {}};
 };
 
 /// One candidate on one bucket.

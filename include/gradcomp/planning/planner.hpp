@@ -100,7 +100,7 @@ compression_plan plan(World& world, std::vector<bucket_layout> const& layouts, S
   // ranks may see different links, price different calls, even fail alone:
   // every rank measures what any rank saw (measure_world), and each row
   // counts its slowest rank's local work and calls, and any rank's refusal.
-  measure_world(result, world, space, seen, node_seen, options.network);
+  measure_world(result, world, space, seen, node_seen, options);
   std::vector<double> priced;  // each row's local work, communication, wire bytes and refusal
   for (auto& c : result.buckets)
     for (auto& row : c.rows) {

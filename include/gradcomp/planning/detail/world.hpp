@@ -3,6 +3,7 @@
 // network measured per level and agreed over the world.
 #pragma once
 
+#include <gradcomp/error.hpp>
 #include <gradcomp/execution.hpp>
 #include <gradcomp/planning/network.hpp>
 #include <gradcomp/planning/plan.hpp>
@@ -10,6 +11,7 @@
 
 #include <cstddef>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -47,21 +49,43 @@ void agree_links(World& world, Space const& space, seen_links& seen) {
     if (flags[i] != 0) seen.insert({static_cast<collective_op>(i / types), static_cast<dtype>(i % types)});
 }
 
+/// The network of the links `seen` over `c` (agreed over `others` too):
+/// those `known` has taken from it, the rest measured now. Every rank
+/// measures the same: `known` is the same everywhere.
+template <class Collective, class Space, class... Others>
+network_model measure_rest(Collective& c, Space const& space, seen_links const& seen, network_model const& known,
+                           network_options const& o, Others&... others) {
+  GRADCOMP_EXPECTS(known.links.empty() || known.ranks == c.size(),
+                   "plan_compression: the network measured before is of " + std::to_string(known.ranks) +
+                       " ranks, this group of " + std::to_string(c.size()));
+  std::vector<std::pair<collective_op, dtype>> wanted;
+  for (auto const& [op, type] : seen)
+    if (known.find(op, type) == nullptr) wanted.emplace_back(op, type);
+  network_model now{.ranks = c.size(), .links = {}};
+  if (!wanted.empty()) now = measure_network(c, space, wanted, o, others...);
+  network_model out{.ranks = c.size(), .links = {}};
+  for (auto const& [op, type] : seen) {
+    auto const* l = known.find(op, type);
+    out.links.push_back(l != nullptr ? *l : *now.find(op, type));
+  }
+  return out;
+}
+
 /// The networks a plan prices its calls on: the group's, or across nodes
 /// and inside them (each measured on all nodes or rails at once, as a step
-/// runs them, and agreed over the world).
+/// runs them, and agreed over the world), but for the links `known` has.
 template <class Collective, class Space>
 void measure_world(compression_plan& plan, Collective& c, Space const& space, seen_links seen, seen_links const&,
-                   network_options const& o) {
+                   planner_options const& o) {
   agree_links(c, space, seen);
-  plan.network = measure_network(c, space, {seen.begin(), seen.end()}, o);
+  plan.network = measure_rest(c, space, seen, o.measured, o.network);
 }
 template <class Collective, class Space>
 void measure_world(compression_plan& plan, node_groups<Collective>& g, Space const& space, seen_links seen,
-                   seen_links node_seen, network_options const& o) {
+                   seen_links node_seen, planner_options const& o) {
   agree_links(g, space, seen), agree_links(g, space, node_seen);
-  plan.node_network = measure_network(g.local, space, {node_seen.begin(), node_seen.end()}, o, g.cross);
-  plan.network = measure_network(g.cross, space, {seen.begin(), seen.end()}, o, g.local);
+  plan.node_network = measure_rest(g.local, space, node_seen, o.measured_node, o.network, g.cross);
+  plan.network = measure_rest(g.cross, space, seen, o.measured, o.network, g.local);
 }
 
 }  // namespace gradcomp::inline GRADCOMP_ABI::detail

@@ -90,6 +90,8 @@ class hook_planner {
   /// order and waits here, so the network is measured with nothing else on
   /// it: measured on a lane, beside the other lane's traffic and the ranks'
   /// backward passes, it once priced bf16 at a tenth of the link's rate.
+  /// Its links are measured once: later buckets' plans price them from the
+  /// first's (planner_options::measured), so each adds its rehearsal only.
   /// Collective over `world` where it plans.
   template <class G, class World, class Drain>
   void before_step(World& world, std::size_t index, shapes const& extents, bucket_rules const& rules, Drain&& drain) {
@@ -99,7 +101,15 @@ class hook_planner {
     bucket_layout layout;
     for (auto const& e : extents) layout.add(e);
     drain();
-    keep(index, extents, plan_compression<G>(world, {layout}, host_space{}, options_for(elements)));
+    planner_options options = options_for(elements);
+    {
+      std::lock_guard<std::mutex> const lock(mutex_);
+      options.measured = host_network_;
+    }
+    compression_plan const plan = plan_compression<G>(world, {layout}, host_space{}, options);
+    keep(index, extents, plan);
+    std::lock_guard<std::mutex> const lock(mutex_);
+    host_network_ = plan.network;
   }
 
   /// The extents of the tensors of a bucket laid out as `layout`.
@@ -150,9 +160,10 @@ class hook_planner {
   planner_options options_;
   mutable std::mutex mutex_;
   std::map<std::size_t, kept> kept_;
-  timed iteration_;          // the last one timed
-  clock::time_point start_;  // of the iteration under way
-  std::size_t counted_ = 0;  // its elements so far
+  network_model host_network_{.ranks = 0, .links = {}};  // every link the host buckets' plans measured
+  timed iteration_;                                      // the last one timed
+  clock::time_point start_;                              // of the iteration under way
+  std::size_t counted_ = 0;                              // its elements so far
   bool started_ = false, at_first_ = true;
 };
 
