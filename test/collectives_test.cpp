@@ -1,5 +1,7 @@
 // The in-process backend: real reductions, identical results on every rank,
-// clear errors instead of hangs.
+// clear errors instead of hangs; and any_collective, which must give what
+// its backend gives.
+#include <gradcomp/collectives/any_collective.hpp>
 #include <gradcomp/collectives/local_group.hpp>
 
 #include <doctest/doctest.h>
@@ -160,4 +162,103 @@ TEST_CASE("a failing rank releases its peers and its own error is reported") {
   };
   CHECK_THROWS_WITH_AS(one_rank_fails(), "rank 3 ran out of data", std::runtime_error);
   CHECK_THROWS_AS(gradcomp::local_group(0), gradcomp::invalid_argument);
+}
+
+static_assert(gradcomp::reduce_scattering<gradcomp::any_collective> && gradcomp::splittable<gradcomp::any_collective>);
+
+namespace {
+
+// The required members alone: no reduce_scatter, no split.
+struct plain_collective {
+  local_group::communicator* inner;
+  int rank() const { return inner->rank(); }
+  int size() const { return inner->size(); }
+  bool accepts(gradcomp::memory_kind k) const { return inner->accepts(k); }
+  template <gradcomp::wire_type T>
+  void all_reduce(T const* s, T* r, std::size_t n, reduce_op op) {
+    inner->all_reduce(s, r, n, op);
+  }
+  template <gradcomp::wire_type T>
+  void all_gather(T const* s, T* r, std::size_t n) {
+    inner->all_gather(s, r, n);
+  }
+  template <gradcomp::wire_type T>
+  void broadcast(T* b, std::size_t n, int root) {
+    inner->broadcast(b, n, root);
+  }
+};
+
+// Each call through `any` against the same call on `comm`, on fresh values.
+template <class T>
+void same_as_backend(local_group::communicator& comm, gradcomp::any_collective& any, std::uint32_t seed) {
+  int const ranks = comm.size(), rank = comm.rank();
+  std::size_t const count = 257;
+  auto const mine = values_of<T>(rank, count * static_cast<std::size_t>(ranks), seed);
+  auto bits = [](std::vector<T> const& a, std::vector<T> const& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+  };
+  std::vector<T> direct(mine.size()), erased(mine.size(), T(-1));
+  comm.all_reduce(mine.data(), direct.data(), mine.size(), reduce_op::sum);
+  any.all_reduce(mine.data(), erased.data(), mine.size(), reduce_op::sum);
+  CHECK(bits(direct, erased));
+  std::vector<T> gathered(count * static_cast<std::size_t>(ranks)), erased_gather(gathered.size(), T(-1));
+  comm.all_gather(mine.data(), gathered.data(), count);
+  any.all_gather(mine.data(), erased_gather.data(), count);
+  CHECK(bits(gathered, erased_gather));
+  std::vector<T> scattered(count), erased_scatter(count, T(-1));
+  comm.reduce_scatter(mine.data(), scattered.data(), count, reduce_op::max);
+  any.reduce_scatter(mine.data(), erased_scatter.data(), count, reduce_op::max);
+  CHECK(bits(scattered, erased_scatter));
+  std::vector<T> root = mine, erased_root(mine.size(), T(-1));
+  comm.broadcast(root.data(), root.size(), ranks - 1);
+  if (rank == ranks - 1) erased_root = mine;
+  any.broadcast(erased_root.data(), erased_root.size(), ranks - 1);
+  CHECK(bits(root, erased_root));
+}
+
+}  // namespace
+
+TEST_CASE("any_collective: every call bitwise its backend's, in every wire type; split groups as the backend's") {
+  local_group::run(4, [&](local_group::communicator& comm) {
+    gradcomp::any_collective any(comm);
+    CHECK(any.rank() == comm.rank());
+    CHECK(any.size() == 4);
+    CHECK(any.accepts(gradcomp::memory_kind::host) == comm.accepts(gradcomp::memory_kind::host));
+    std::uint32_t const seed = std::random_device{}();
+    same_as_backend<float>(comm, any, seed);
+    same_as_backend<double>(comm, any, seed + 1);
+    same_as_backend<gradcomp::bfloat16>(comm, any, seed + 2);
+    same_as_backend<gradcomp::half>(comm, any, seed + 3);
+    same_as_backend<std::uint8_t>(comm, any, seed + 4);
+    same_as_backend<std::int32_t>(comm, any, seed + 5);
+    same_as_backend<std::uint64_t>(comm, any, seed + 6);
+
+    // Split: the halves, ranked by key (reversed), own their groups.
+    auto half = any.split(comm.rank() % 2, -comm.rank());
+    CHECK(half.size() == 2);
+    CHECK(half.rank() == (comm.rank() < 2 ? 1 : 0));
+    std::int32_t mine = comm.rank(), sum = -1;
+    half.all_reduce(&mine, &sum, 1, reduce_op::sum);
+    CHECK(sum == (comm.rank() % 2 == 0 ? 0 + 2 : 1 + 3));
+    auto copy = half;  // copies share the group
+    copy.all_reduce(&mine, &sum, 1, reduce_op::max);
+    CHECK(sum == (comm.rank() % 2 == 0 ? 2 : 3));
+  });
+}
+
+TEST_CASE("any_collective over a backend without reduce_scatter or split refuses them by name") {
+  local_group::run(2, [&](local_group::communicator& comm) {
+    plain_collective plain{&comm};
+    gradcomp::any_collective any(plain);
+    float x = 1, y = 0;
+    any.all_reduce(&x, &y, 1, reduce_op::sum);
+    CHECK(y == 2);
+    CHECK_THROWS_WITH_AS(any.reduce_scatter(&x, &y, 1, reduce_op::sum), doctest::Contains("cannot reduce-scatter"),
+                         gradcomp::invalid_argument);
+    CHECK_THROWS_WITH_AS(any.split(0, 0), doctest::Contains("cannot split"), gradcomp::invalid_argument);
+    auto owned = gradcomp::any_collective::owning(plain_collective{&comm});  // (a copy of the wrapper, kept)
+    y = 0;
+    owned.all_reduce(&x, &y, 1, reduce_op::max);
+    CHECK(y == 1);
+  });
 }

@@ -26,6 +26,7 @@
 #include <gradcomp/execution.hpp>
 
 // Collectives
+#include <gradcomp/collectives/any_collective.hpp>
 #include <gradcomp/collectives/collective.hpp>
 #include <gradcomp/collectives/dry_run.hpp>
 #include <gradcomp/collectives/local_group.hpp>

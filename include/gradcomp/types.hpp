@@ -203,6 +203,33 @@ template <>
 struct dtype_of<std::uint64_t> {
   static constexpr dtype value = dtype::uint64;
 };
+
+/// Calls f(T{}) with the C++ type of `t`.
+template <class F>
+void with_type(dtype t, F&& f) {
+  switch (t) {
+    case dtype::float32:
+      return f(float{});
+    case dtype::float64:
+      return f(double{});
+    case dtype::float16:
+      return f(half{});
+    case dtype::bfloat16:
+      return f(bfloat16{});
+    case dtype::int8:
+      return f(std::int8_t{});
+    case dtype::uint8:
+      return f(std::uint8_t{});
+    case dtype::int32:
+      return f(std::int32_t{});
+    case dtype::uint32:
+      return f(std::uint32_t{});
+    case dtype::int64:
+      return f(std::int64_t{});
+    case dtype::uint64:
+      return f(std::uint64_t{});
+  }
+}
 }  // namespace detail
 
 /// True for the element types collectives can carry.

@@ -107,33 +107,6 @@ struct network_options {
 };
 
 namespace detail {
-/// Calls f(T{}) with the C++ type of `t`.
-template <class F>
-void with_type(dtype t, F&& f) {
-  switch (t) {
-    case dtype::float32:
-      return f(float{});
-    case dtype::float64:
-      return f(double{});
-    case dtype::float16:
-      return f(half{});
-    case dtype::bfloat16:
-      return f(bfloat16{});
-    case dtype::int8:
-      return f(std::int8_t{});
-    case dtype::uint8:
-      return f(std::uint8_t{});
-    case dtype::int32:
-      return f(std::int32_t{});
-    case dtype::uint32:
-      return f(std::uint32_t{});
-    case dtype::int64:
-      return f(std::int64_t{});
-    case dtype::uint64:
-      return f(std::uint64_t{});
-  }
-}
-
 /// One call of `op` on `count` elements of T in `room`, waited for (what a
 /// call receives lands past what it sends: a reduce-scatter's peers may
 /// still read this rank's send).

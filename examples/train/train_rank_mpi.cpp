@@ -1,6 +1,0 @@
-// train_rank over MPI processes, compiled once: trainer.hpp declares it
-// extern for the trainer and its tests.
-#include "trainer.hpp"
-
-template train::result train::train_rank(gradcomp::mpi_communicator&, train::options const&, train::dataset const&,
-                                         train::dataset const&, train::reducer_factory);
