@@ -69,7 +69,8 @@ TEST_CASE("a short data-parallel run learns and keeps the replicas identical, fo
       o.check_replicas = true;  // throws from train_rank if any rank's weights differ after a step
       train::result r;
       REQUIRE_NOTHROW(gradcomp::local_group::run(4, [&](gradcomp::local_group::communicator& comm) {
-        auto mine = train::train_rank(comm, o, training_data(), test_data());
+        gradcomp::any_collective any(comm);
+        auto mine = train::train_rank(any, o, training_data(), test_data());
         if (comm.rank() == 0) r = std::move(mine);
       }));
       REQUIRE(r.records.size() == 3);
@@ -95,7 +96,8 @@ TEST_CASE("every compressor's defaults train the example task") {
     o.eval_every = 50;
     train::result r;
     REQUIRE_NOTHROW(gradcomp::local_group::run(4, [&](gradcomp::local_group::communicator& comm) {
-      auto mine = train::train_rank(comm, o, training_data(), test_data());
+      gradcomp::any_collective any(comm);
+      auto mine = train::train_rank(any, o, training_data(), test_data());
       if (comm.rank() == 0) r = std::move(mine);
     }));
     REQUIRE(r.records.size() == 3);
@@ -109,7 +111,8 @@ namespace {
 train::result run_local(train::options const& o) {
   train::result r;
   gradcomp::local_group::run(4, [&](gradcomp::local_group::communicator& comm) {
-    auto mine = train::train_rank(comm, o, training_data(), test_data());
+    gradcomp::any_collective any(comm);
+    auto mine = train::train_rank(any, o, training_data(), test_data());
     if (comm.rank() == 0) r = std::move(mine);
   });
   return r;

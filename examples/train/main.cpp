@@ -145,7 +145,8 @@ int main(int argc, char** argv) {
       if (c.overlap_auto) c.o.overlap = spare_cores(c.o.ranks);
       train::result r;
       gradcomp::local_group::run(c.o.ranks, [&](gradcomp::local_group::communicator& comm) {
-        auto mine = train::train_rank(comm, c.o, train_set, test_set);
+        gradcomp::any_collective any(comm);
+        auto mine = train::train_rank(any, c.o, train_set, test_set);
         if (comm.rank() == 0) r = std::move(mine);
       });
       return report(c, c.o.ranks, r) ? 0 : 3;
@@ -166,7 +167,8 @@ int main(int argc, char** argv) {
         comm.set_poll_interval(std::chrono::microseconds(c.mpi_poll_us));
         rank = comm.rank();
         if (c.overlap_auto && provided >= MPI_THREAD_SERIALIZED) c.o.overlap = spare_cores(ranks_on_this_host(comm));
-        auto const r = train::train_rank(comm, c.o, train_set, test_set);
+        gradcomp::any_collective any(comm);
+        auto const r = train::train_rank(any, c.o, train_set, test_set);
         if (rank == 0) trained = report(c, comm.size(), r);
       }
       MPI_Finalize();
@@ -189,7 +191,8 @@ int main(int argc, char** argv) {
         GRADCOMP_CUDA_TRY(cudaStreamCreate(&stream));
         {
           auto nccl = gradcomp::nccl_communicator::create(id, control.size(), control.rank(), stream);
-          auto const r = train::train_rank(control, c.o, train_set, test_set, train::nccl_reducers(c.o, nccl));
+          gradcomp::any_collective any(control);
+          auto const r = train::train_rank(any, c.o, train_set, test_set, train::nccl_reducers(c.o, nccl));
           if (control.rank() == 0) trained = report(c, control.size(), r);
         }
         cudaStreamDestroy(stream);

@@ -1,6 +1,6 @@
-// train_rank over in-process ranks (threads), compiled once: trainer.hpp
-// declares it extern for the trainer and its tests.
+// train_rank over any_collective, compiled once: trainer.hpp declares it
+// extern for the trainer and its tests, whatever their backend.
 #include "trainer.hpp"
 
-template train::result train::train_rank(gradcomp::local_group::communicator&, train::options const&,
-                                         train::dataset const&, train::dataset const&, train::reducer_factory);
+template train::result train::train_rank(gradcomp::any_collective&, train::options const&, train::dataset const&,
+                                         train::dataset const&, train::reducer_factory);

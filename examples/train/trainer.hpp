@@ -1,6 +1,7 @@
 // Data-parallel training of an MLP on Fashion-MNIST, written against
 // gradcomp's public API as a user would write it. One call of train_rank
-// runs one rank; ranks are threads (local_group) or processes (MPI).
+// runs one rank; ranks are threads (local_group) or processes (MPI), each
+// backend behind gradcomp::any_collective.
 // options.hpp says what a run is told, reducers.hpp how gradients travel,
 // checkpoint.hpp what a rank saves.
 #pragma once
@@ -11,10 +12,8 @@
 #include "options.hpp"
 #include "reducers.hpp"
 
+#include <gradcomp/collectives/any_collective.hpp>
 #include <gradcomp/gradcomp.hpp>
-#if TRAIN_HAS_MPI
-#include <gradcomp/collectives/mpi.hpp>
-#endif
 
 #include <algorithm>
 #include <chrono>
@@ -212,15 +211,11 @@ result train_rank(Collective& comm, options const& o, dataset const& train_set, 
   return out;
 }
 
-// Compiled once for each collective the trainer runs over, in
-// train_rank_local.cpp and train_rank_mpi.cpp: every compressor under every
-// reducer is most of the example's build time, and the trainer and its tests
-// link these objects rather than compile them again.
-extern template result train_rank(gradcomp::local_group::communicator&, options const&, dataset const&, dataset const&,
+// Compiled once, over any_collective, in train_rank.cpp: every compressor
+// under every reducer is most of the example's build time, so each backend
+// (threads, MPI) reaches the trainer through any_collective, and the trainer
+// and its tests link that one object rather than compile it again.
+extern template result train_rank(gradcomp::any_collective&, options const&, dataset const&, dataset const&,
                                   reducer_factory);
-#if TRAIN_HAS_MPI
-extern template result train_rank(gradcomp::mpi_communicator&, options const&, dataset const&, dataset const&,
-                                  reducer_factory);
-#endif
 
 }  // namespace train
