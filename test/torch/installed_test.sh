@@ -17,16 +17,15 @@ pip=(--disable-pip-version-check --root-user-action=ignore -q)
 rm -rf "$venv"
 python3 -m venv --system-site-packages "$venv"
 "$venv/bin/pip" install "${pip[@]}" "scikit-build-core>=0.10"
-# The build directory sits beside the CMake build's, and the compilers and
-# their Release flags are the ones it used, by the same paths, so ccache
-# serves the module's objects from that build (it takes c++ and g++ for two
-# compilers).
+# The build directory sits beside the CMake build's, and the compilers,
+# their Release flags and the CUDA architectures are the ones it used, by
+# the same paths, so ccache serves the module's objects from that build (it
+# takes c++ and g++ for two compilers).
 defines=()
-for language in CXX CUDA; do
-  for variable in "CMAKE_${language}_COMPILER" "CMAKE_${language}_FLAGS_RELEASE"; do
-    value=$(sed -n "s/^${variable}:[A-Z]*=//p" "$build/CMakeCache.txt")
-    [ -n "$value" ] && defines+=(-C "cmake.define.${variable}=$value")
-  done
+for variable in CMAKE_CXX_COMPILER CMAKE_CXX_FLAGS_RELEASE CMAKE_CUDA_COMPILER CMAKE_CUDA_FLAGS_RELEASE \
+  CMAKE_CUDA_ARCHITECTURES; do
+  value=$(sed -n "s/^${variable}:[A-Z]*=//p" "$build/CMakeCache.txt")
+  [ -n "$value" ] && defines+=(-C "cmake.define.${variable}=$value")
 done
 "$venv/bin/pip" install "${pip[@]}" --no-build-isolation -C build-dir="$root/build-wheel" "${defines[@]}" "$root"
 
