@@ -214,12 +214,16 @@ class Gpt(torch.nn.Module):
 class Text(Task):
     """Next-byte prediction: each step, each rank takes ``batch`` windows of
     ``context`` + 1 bytes at offsets drawn by (seed, step, rank); scored by
-    bits per byte over 256 fixed held-out windows."""
+    bits per byte over 256 fixed held-out windows. Sized for a 2-core
+    machine: the default target, 4.0 bits per byte, is past what byte
+    frequencies alone give on the held-out files (4.87) and short of what
+    pairs of bytes give (3.71); fp32 all-reduce over 4 ranks reaches it in
+    about 300 steps (8 windows per rank), 2-3 minutes there."""
 
     name = "gpt"
     metric = "bits_per_byte"
     higher_is_better = False
-    default_target = 2.5
+    default_target = 4.0
     context, width, layers, heads = 64, 256, 4, 4
     windows = 256
 

@@ -49,7 +49,7 @@ def options(argv=None):
         "--target",
         type=float,
         default=None,
-        help="test accuracy (default: 0.85 mlp, 0.88 cnn), gpt: validation bits per byte (default 2.5)",
+        help="test accuracy (default: 0.85 mlp, 0.88 cnn), gpt: validation bits per byte (default 4.0)",
     )
     p.add_argument("--stop-at-target", action="store_true")
     p.add_argument("--seed", type=int, default=1)

@@ -42,4 +42,5 @@ export PYTHONPATH=$build/test/torch
 "$venv/bin/python" "$tests/ddp_test.py"
 "$venv/bin/python" "$tests/ddp_errors_test.py"
 "$venv/bin/python" "$tests/ddp_auto_test.py"
+"$venv/bin/python" "$tests/ddp_compile_test.py"
 "$venv/bin/python" "$tests/fsdp_test.py"
