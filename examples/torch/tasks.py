@@ -33,6 +33,12 @@ class Task:
     metric = ""
     higher_is_better = True
     default_target = 0.0
+    default_batch = 64  # examples per rank per step
+    default_lr = 0.05
+
+    def optimizer(self, params, lr: float, momentum: float) -> torch.optim.Optimizer:
+        """SGD with momentum, as examples/train."""
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
 
     def model(self, seed: int) -> torch.nn.Module:
         raise NotImplementedError
@@ -224,8 +230,14 @@ class Text(Task):
     metric = "bits_per_byte"
     higher_is_better = False
     default_target = 4.0
+    default_batch = 8
+    default_lr = 0.003
     context, width, layers, heads = 64, 256, 4, 4
     windows = 256
+
+    def optimizer(self, params, lr: float, momentum: float) -> torch.optim.Optimizer:
+        """AdamW, as language models are trained (``momentum`` unused)."""
+        return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
 
     def __init__(self, folder: str) -> None:
         self.train, self.held_out = load_text(folder)
@@ -259,6 +271,11 @@ class Text(Task):
         dist.all_reduce(total)
         model.train()
         return (total[0] / total[1]).item() / math.log(2)
+
+
+def task_class(name: str) -> type[Task]:
+    """The class of task ``name`` (mlp, cnn or gpt): its defaults, unloaded."""
+    return Text if name == "gpt" else FashionMnist
 
 
 def task_of(name: str, fashion_mnist: str = FASHION_MNIST, hidden: str = "512,256", text: str = PYTHON_DOCS) -> Task:

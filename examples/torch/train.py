@@ -66,9 +66,9 @@ def options(argv=None):
     p.add_argument("--text", default=tasks.PYTHON_DOCS, help="gpt: the folder of reST sources")
     p.add_argument("--compile", action="store_true", help="torch.compile the DDP model")
     o = p.parse_args(argv)
-    gpt = o.model == "gpt"
-    o.batch = o.batch or (8 if gpt else 64)
-    o.lr = o.lr or (0.003 if gpt else 0.05)
+    defaults = tasks.task_class(o.model)
+    o.batch = o.batch or defaults.default_batch
+    o.lr = o.lr or defaults.default_lr
     return o
 
 
@@ -155,10 +155,7 @@ def run(rank, o, store_path):
     model = task.model(o.seed)
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=o.bucket_kb / 1024)
     state = register(o, ddp)
-    if o.model == "gpt":
-        optimizer = torch.optim.AdamW(ddp.parameters(), lr=o.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    else:
-        optimizer = torch.optim.SGD(ddp.parameters(), lr=o.lr, momentum=o.momentum)
+    optimizer = task.optimizer(ddp.parameters(), o.lr, o.momentum)
     forward = torch.compile(ddp) if o.compile else ddp
 
     total = int(o.epochs * task.steps_per_epoch(rank, ranks, o.batch))

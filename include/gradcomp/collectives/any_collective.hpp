@@ -11,7 +11,6 @@
 #include <concepts>
 #include <cstddef>
 #include <memory>
-#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -42,20 +41,20 @@ class any_collective {
 
   template <wire_type T>
   void all_reduce(T const* send, T* recv, std::size_t count, reduce_op op) {
-    self_->call(call_kind::all_reduce, dtype_v<T>, send, recv, count, op, 0);
+    self_->call(call_kind::all_reduce, dtype_of_v<T>, send, recv, count, op, 0);
   }
   template <wire_type T>
   void all_gather(T const* send, T* recv, std::size_t count) {
-    self_->call(call_kind::all_gather, dtype_v<T>, send, recv, count, reduce_op::sum, 0);
+    self_->call(call_kind::all_gather, dtype_of_v<T>, send, recv, count, reduce_op::sum, 0);
   }
   template <wire_type T>
   void broadcast(T* buffer, std::size_t count, int root) {
-    self_->call(call_kind::broadcast, dtype_v<T>, buffer, buffer, count, reduce_op::sum, root);
+    self_->call(call_kind::broadcast, dtype_of_v<T>, buffer, buffer, count, reduce_op::sum, root);
   }
   /// See reduce_scattering; invalid_argument where the backend cannot.
   template <wire_type T>
   void reduce_scatter(T const* send, T* recv, std::size_t count, reduce_op op) {
-    self_->call(call_kind::reduce_scatter, dtype_v<T>, send, recv, count, op, 0);
+    self_->call(call_kind::reduce_scatter, dtype_of_v<T>, send, recv, count, op, 0);
   }
   /// See splittable: a new group, owned; invalid_argument where the backend
   /// cannot split.
@@ -118,9 +117,6 @@ class any_collective {
   };
 
   explicit any_collective(std::shared_ptr<concept_> self) : self_(std::move(self)) {}
-
-  template <class T>
-  static constexpr dtype dtype_v = detail::dtype_of<T>::value;
 
   std::shared_ptr<concept_> self_;
 };
