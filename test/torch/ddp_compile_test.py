@@ -5,7 +5,10 @@ Inductor (C++ for the CPU), DDP's graph split at its buckets
 the hook runs on every step, the replicas stay bitwise equal, and the
 weights are the eager run's within float rounding (compiled kernels round
 differently, and a top-k selection can flip on a near tie; a hook that saw
-other gradients, or none, would be far off).
+other gradients, or none, would be far off), as PyTorch's own
+``bf16_compress_hook`` compiled is to its eager run. Under compiled
+autograd's DDP reducer (``optimize_ddp = "python_reducer"``) registration is
+refused on every rank with a message that names the setting.
 
     PYTHONPATH=build/python:build/test/torch python3 test/torch/ddp_compile_test.py
 """
@@ -40,14 +43,20 @@ class Tiny(torch.nn.Module):
 
 
 def train(rank, path, spec, backend, results):
-    """STEPS steps with the hook, compiled with `backend` (None: eager);
-    leaves the flat weights and the hook's iteration count."""
+    """STEPS steps with gradcomp's hook (spec; "torch-bf16": PyTorch's
+    bf16_compress_hook), compiled with `backend` (None: eager); leaves the
+    flat weights and the hook's iteration count (PyTorch's: None)."""
     import gradcomp.torch as gct
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     init(rank, path)
     torch._dynamo.reset()
     ddp = torch.nn.parallel.DistributedDataParallel(Tiny(), bucket_cap_mb=1)
-    state = gct.register(ddp, spec, warmup=2)
+    if spec == "torch-bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        state = None
+    else:
+        state = gct.register(ddp, spec, warmup=2)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     forward = ddp if backend is None else torch.compile(ddp, backend=backend)
     for step in range(STEPS):
@@ -59,7 +68,22 @@ def train(rank, path, spec, backend, results):
         loss.backward()
         optimizer.step()
     flat = torch.cat([p.detach().flatten() for p in ddp.parameters()])
-    results[rank] = (flat, state.iterations)
+    results[rank] = (flat, state.iterations if state is not None else None)
+    dist.destroy_process_group()
+
+
+def python_reducer(rank, path, results):
+    """Registration under compiled autograd's reducer: the error, if any."""
+    import gradcomp.torch as gct
+
+    init(rank, path)
+    torch._dynamo.config.optimize_ddp = "python_reducer"
+    ddp = torch.nn.parallel.DistributedDataParallel(Tiny(), bucket_cap_mb=1)
+    try:
+        gct.register(ddp, SPEC)
+        results[rank] = None
+    except gct.InvalidArgument as e:
+        results[rank] = str(e)
     dist.destroy_process_group()
 
 
@@ -75,9 +99,16 @@ def main() -> int:
     )
     gap = (weights[0] - eager[0][0]).abs().max().item()
     moved = (eager[0][0] - torch.cat([p.detach().flatten() for p in Tiny().parameters()])).abs().max().item()
+    torch_gap = (launch(train, "torch-bf16", "inductor")[0][0] - launch(train, "torch-bf16", None)[0][0]).abs().max()
     check(
         gap < 1e-3 < moved,
-        f"torch.compile: within 1e-3 of the eager run's weights ({gap:.2e}; training moved them {moved:.2e})",
+        f"torch.compile: within 1e-3 of the eager run's weights ({gap:.2e}; PyTorch's bf16 hook: "
+        f"{torch_gap.item():.2e}; training moved them {moved:.2e})",
+    )
+    refusals = launch(python_reducer)
+    check(
+        all(refusals[r] is not None and '"python_reducer"' in refusals[r] for r in range(RANKS)),
+        f"compiled autograd's python_reducer: registration refused on every rank ({refusals[0]})",
     )
     return check.failed()
 

@@ -248,7 +248,14 @@ def register(
     string or the process group not a ProcessGroup; ``InvalidArgument`` (a
     ``ValueError``), on every rank before any step, for a spec that does not
     read, a value out of its key's range, or a spec this group's size cannot
-    take (the module docstring lists where the other errors arrive)."""
+    take (the module docstring lists where the other errors arrive).
+
+    Under ``torch.compile`` the hook runs as it does eagerly with DDP's
+    default graph split (``torch._dynamo.config.optimize_ddp`` left at
+    ``"ddp_optimizer"``). A model built under ``"python_reducer"`` (compiled
+    autograd's reducer, which calls a hook once per parameter with
+    ``(grad, param)`` and drops its future) is refused with
+    ``InvalidArgument``: gradcomp reduces whole buckets."""
     if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(
             "gradcomp.torch.register: expected the torch.nn.parallel.DistributedDataParallel wrapper "
@@ -260,6 +267,16 @@ def register(
         raise TypeError(
             f"gradcomp.torch.register: process_group must be a torch.distributed.ProcessGroup, "
             f"got {type(process_group).__name__}"
+        )
+    # DistributedDataParallel._use_python_reducer: set when the model is built
+    # under optimize_ddp = "python_reducer" (PyTorch 2.15, private).
+    if getattr(model, "_use_python_reducer", False):
+        raise InvalidArgument(
+            "gradcomp.torch.register: this DDP model was built under torch._dynamo.config.optimize_ddp = "
+            '"python_reducer", whose reducer calls a hook once per parameter and ignores its future, so '
+            "gradcomp cannot reduce its buckets; build the DDP model under the default "
+            '"ddp_optimizer" (torch.compile then splits the graph at the buckets and the hook runs as in '
+            "eager mode), or shard with FSDP2 and gradcomp.torch.shard"
         )
     state = GradcompState(
         process_group if process_group is not None else model.process_group, compressor, model=model.module, **options
