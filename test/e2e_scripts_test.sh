@@ -72,9 +72,9 @@ for script in bench/e2e/run.sh bench/e2e/two_nodes.sh bench/e2e/validate.sh; do 
   expect "$script starts its ranks through common.sh" "$got" yes
 done
 
-# Every --only list in the docs names known compressors (torch.sh's: its hooks).
+# Every --only list in the docs names known compressors (torch.sh's: its hooks and fsdp_hooks).
 docs=(README.md docs/*.md bench/e2e/results/README.md)
-torch_hooks=$(sed -n '/^hooks=(/,/^)/p' bench/e2e/torch.sh | grep -o '"[^|"]*|' | tr -d '"|')
+torch_hooks=$(sed -nE '/^(fsdp_)?hooks=\(/,/^\)/p' bench/e2e/torch.sh | grep -o '"[^|"]*|' | tr -d '"|')
 while read -r line; do
   names=$(grep -o -- '--only "[^"]*"' <<< "$line" | sed 's/--only "\(.*\)"/\1/')
   if [[ $line == *bench/e2e/torch.sh* ]]; then

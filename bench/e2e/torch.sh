@@ -6,13 +6,16 @@
 # with seed --first-seed + K - 1. Prints one table per rate (medians and
 # ranges) and writes it, with every summary line, to the output folder.
 #
-#   sudo bench/e2e/torch.sh [--model mlp|cnn|gpt] [--out DIR] [--rates "unshaped 1gbit"] [--target ACC] [--repeat 3]
-#                           [--only "NAMES"] [--eval-every 10] [--first-seed 1]
+#   sudo bench/e2e/torch.sh [--model mlp|cnn|gpt] [--fsdp] [--out DIR] [--rates "unshaped 1gbit"] [--target ACC]
+#                           [--repeat 3] [--only "NAMES"] [--eval-every 10] [--first-seed 1]
 #
 # --target defaults to the model's (train.py: test accuracy 0.85 mlp, 0.88
 # cnn; validation bits per byte 4.0 gpt). The held-out set is scored every
 # --eval-every steps (outside the timed steps): a coarser grid rounds every
-# hook's steps to target up to it.
+# hook's steps to target up to it. --fsdp shards the model with FSDP2 instead
+# of DDP and times its reduce-scatters (fsdp_hooks). Where the run has an
+# unshaped rate, each shaped row gives the link's share of the step: 1 - the
+# hook's unshaped ms per step / its ms per step at that rate.
 #
 # Needs root (namespaces, tc), iproute2, PyTorch and the Python module:
 # $GRADCOMP_PYTHON if set (the python folder of a build of your own), else
@@ -28,6 +31,7 @@ repeat=3
 only=""
 eval_every=10
 first_seed=1
+fsdp=()  # or (--fsdp)
 while (($#)); do
   case $1 in
     --model) model=$2; shift 2 ;;
@@ -38,7 +42,8 @@ while (($#)); do
     --only) only=$2; shift 2 ;;
     --eval-every) eval_every=$2; shift 2 ;;
     --first-seed) first_seed=$2; shift 2 ;;
-    *) echo "usage: $0 [--model mlp|cnn|gpt] [--out DIR] [--rates LIST] [--target ACC] [--repeat N] [--only NAMES]" \
+    --fsdp) fsdp=(--fsdp); shift ;;
+    *) echo "usage: $0 [--model mlp|cnn|gpt] [--fsdp] [--out DIR] [--rates LIST] [--target ACC] [--repeat N] [--only NAMES]" \
             "[--eval-every N] [--first-seed K]" >&2
        exit 2 ;;
   esac
@@ -57,6 +62,18 @@ hooks=(
   "gradcomp-intsgd|gradcomp:intsgd"
   "gradcomp-auto|gradcomp:auto"
 )
+# Under --fsdp: FSDP2's own reduce-scatter (fp32, and bf16 through
+# MixedPrecisionPolicy(reduce_dtype=torch.bfloat16)) and gradcomp's.
+fsdp_hooks=(
+  "torch-fp32|none"
+  "torch-bf16|torch-bf16"
+  "gradcomp-thc-4bit|gradcomp:thc:bits=4"
+  "gradcomp-qsgd|gradcomp:qsgd"
+  "gradcomp-topkc-10%|gradcomp:topkc:fraction=0.1"
+)
+if ((${#fsdp[@]})); then
+  hooks=("${fsdp_hooks[@]}")
+fi
 
 source bench/e2e/common.sh
 if [ "$(id -u)" -ne 0 ]; then
@@ -89,7 +106,7 @@ for rate in $rates; do
       seed=$((first_seed + k - 1))
       echo "== $rate: $name (run $k of $repeat, seed $seed)"
       line=$(ip netns exec "$ns" env PYTHONPATH="$module" GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 \
-        python3 examples/torch/train.py --model "$model" --hook "$hook" --warmup 2 ${target:+--target "$target"} \
+        python3 examples/torch/train.py --model "$model" "${fsdp[@]}" --hook "$hook" --warmup 2 ${target:+--target "$target"} \
         --stop-at-target --epochs 6 --eval-every "$eval_every" --seed "$seed" 2>/dev/null | grep '^summary:' ||
         echo "summary: failed")
       echo "$line"
@@ -111,16 +128,21 @@ def spread(values, digits):
     return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 def reached(fs):
     return [f for f in fs if f["time_to_target_s"] != "not-reached"]
+def per_step(fs):
+    return [1e3 * float(f["time_to_target_s"]) / int(f["steps_to_target"]) for f in reached(fs)]
 for rate in rates:
     first = next(f for (r, _), fs in runs.items() if r == rate for f in fs if "target" in f)
     metric = next(k for k in first if k.startswith("final_"))[len("final_"):]
     goal = (f"{float(first['target']):.0%} test accuracy" if metric == "accuracy"
             else f"{float(first['target']):g} validation {metric.replace('_', ' ')}")
-    print(f"\n{rate}: {first.get('model', 'mlp')} to {goal}, median of the seeds (range); "
-          "ms per step = time to target / steps to target\n")
+    setup = " under FSDP2" if first.get("backend") == "gloo-fsdp" else ""
+    share = rate != "unshaped" and "unshaped" in rates
+    print(f"\n{rate}: {first.get('model', 'mlp')}{setup} to {goal}, median of the seeds (range); "
+          "ms per step = time to target / steps to target"
+          + ("; link share = 1 - unshaped ms per step / ms per step" if share else "") + "\n")
     print(f"| hook | time to target, s | x torch-bf16 | steps | ms per step | final {metric.replace('_', ' ')} "
-          "| wire bytes/step |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "| wire bytes/step |" + (" link share |" if share else ""))
+    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if share else ""))
     base = [float(f["time_to_target_s"]) for f in reached(runs[(rate, "torch-bf16")])]
     for (r, name), fs in runs.items():
         if r != rate:
@@ -128,11 +150,13 @@ for rate in rates:
         ok = reached(fs)
         t = [float(f["time_to_target_s"]) for f in ok]
         steps = [int(f["steps_to_target"]) for f in ok]
-        per_step = [1e3 * float(f["time_to_target_s"]) / int(f["steps_to_target"]) for f in ok]
         ratio = f"{statistics.median(t) / statistics.median(base):.2f}" if t and base else "-"
         note = f" ({len(ok)} of {len(fs)} reached)" if len(ok) < len(fs) else ""
+        unshaped = per_step(runs.get(("unshaped", name), []))
+        link = (f" {1 - statistics.median(unshaped) / statistics.median(per_step(fs)):.0%} |"
+                if share and ok and unshaped else " - |" if share else "")
         print(f"| {name} | {spread(t, 2) if t else 'not reached'}{note} | {ratio} | "
-              f"{statistics.median(steps) if steps else '-':g} | {spread(per_step, 1) if ok else '-'} | "
+              f"{statistics.median(steps) if steps else '-':g} | {spread(per_step(fs), 1) if ok else '-'} | "
               f"{statistics.median(float(f.get('final_' + metric, 'nan')) for f in fs):.4f} | "
-              f"{fs[0]['wire_bytes_per_step']} |")
+              f"{fs[0]['wire_bytes_per_step']} |{link}")
 EOF

@@ -43,6 +43,10 @@ class Task:
     def model(self, seed: int) -> torch.nn.Module:
         raise NotImplementedError
 
+    def shard_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """The submodules FSDP2 shards one by one before the whole model."""
+        return []
+
     def steps_per_epoch(self, rank: int, ranks: int, batch: int) -> int:
         raise NotImplementedError
 
@@ -244,6 +248,9 @@ class Text(Task):
 
     def model(self, seed: int) -> torch.nn.Module:
         return Gpt(self.context, self.width, self.layers, self.heads, seed)
+
+    def shard_units(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        return list(model.blocks)
 
     def steps_per_epoch(self, rank: int, ranks: int, batch: int) -> int:
         return self.train.numel() // (ranks * batch * self.context)

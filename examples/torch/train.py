@@ -11,7 +11,9 @@ models, their data and their scores):
 
 --hook none (fp32 all-reduce), torch-bf16 (bf16_compress_hook), torch-powersgd
 (powerSGD_hook: rank --powersgd-rank, error feedback, warm start) or
-gradcomp:<spec> (any gradcomp compressor spec). It starts --ranks processes
+gradcomp:<spec> (any gradcomp compressor spec); with --fsdp, the model is
+sharded by FSDP2 instead and --hook none, torch-bf16 or gradcomp:<spec> is
+its reduce-scatter (fp32, bf16, or gradcomp's). It starts --ranks processes
 itself, or runs as one rank under torchrun (RANK, WORLD_SIZE, MASTER_ADDR set).
 """
 
@@ -28,6 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tasks  # noqa: E402  (beside this file)
@@ -65,6 +68,12 @@ def options(argv=None):
     p.add_argument("--data", default=tasks.FASHION_MNIST, help="Fashion-MNIST's folder")
     p.add_argument("--text", default=tasks.PYTHON_DOCS, help="gpt: the folder of reST sources")
     p.add_argument("--compile", action="store_true", help="torch.compile the DDP model")
+    p.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="FSDP2 (fully_shard) instead of DDP: --hook none (fp32 reduce-scatter), torch-bf16 "
+        "(reduce_dtype bf16) or gradcomp:<spec> (gradcomp.torch.shard)",
+    )
     o = p.parse_args(argv)
     defaults = tasks.task_class(o.model)
     o.batch = o.batch or defaults.default_batch
@@ -73,10 +82,11 @@ def options(argv=None):
 
 
 def wire_bytes(o, model, state):
-    """Bytes a rank sends per step, as each hook encodes a bucket."""
+    """Bytes a rank sends per step, as each hook encodes a bucket (FSDP2: its
+    reduce-scatters' input; the parameters' all-gather is the same for all)."""
     params = list(model.parameters())
     if o.hook.startswith("gradcomp:"):
-        return state.wire_bytes
+        return sum(comm.wire_bytes for comm in state) if o.fsdp else state.wire_bytes
     if o.hook == "torch-bf16":
         return sum(2 * p.numel() for p in params)
     if o.hook == "torch-powersgd":  # PyTorch's rule: a matrix is compressed where P and Q are smaller by 2x
@@ -137,6 +147,30 @@ def register(o, ddp):
     raise SystemExit(f"--hook {o.hook}: not none, torch-bf16, torch-powersgd or gradcomp:<spec>")
 
 
+def shard(o, task, model):
+    """FSDP2 over the ranks: each of the task's units (the GPT's blocks) and
+    then the whole model sharded, their gradients reduce-scattered in fp32
+    (--hook none), in bf16 (torch-bf16: ``MixedPrecisionPolicy(reduce_dtype=
+    torch.bfloat16)``) or by gradcomp (its ReduceScatter, one per unit);
+    returns gradcomp's ReduceScatters, if any."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if o.hook not in ("none", "torch-bf16") and not o.hook.startswith("gradcomp:"):
+        raise SystemExit(f"--fsdp --hook {o.hook}: not none, torch-bf16 or gradcomp:<spec>")
+    if o.compile:
+        raise SystemExit("--fsdp --compile: not supported by this example")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    policy = MixedPrecisionPolicy(reduce_dtype=torch.bfloat16 if o.hook == "torch-bf16" else None)
+    for unit in [*task.shard_units(model), model]:
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    if not o.hook.startswith("gradcomp:"):
+        return None
+    import gradcomp.torch
+
+    return gradcomp.torch.shard(model, o.hook[len("gradcomp:") :], seed=o.seed)
+
+
 def run(rank, o, store_path):
     torch.set_num_threads(1)  # the ranks share the cores
     if store_path is None:
@@ -153,10 +187,14 @@ def run(rank, o, store_path):
     task = tasks.task_of(o.model, o.data, o.hidden, o.text)
     target = task.default_target if o.target is None else o.target
     model = task.model(o.seed)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=o.bucket_kb / 1024)
-    state = register(o, ddp)
-    optimizer = task.optimizer(ddp.parameters(), o.lr, o.momentum)
-    forward = torch.compile(ddp) if o.compile else ddp
+    if o.fsdp:
+        state = shard(o, task, model)
+        forward = model
+    else:
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=o.bucket_kb / 1024)
+        state = register(o, ddp)
+        forward = torch.compile(ddp) if o.compile else ddp
+    optimizer = task.optimizer(forward.parameters(), o.lr, o.momentum)
 
     total = int(o.epochs * task.steps_per_epoch(rank, ranks, o.batch))
     if o.max_steps:
@@ -182,14 +220,17 @@ def run(rank, o, store_path):
                 print(f"step {step} loss {loss.item():.4f} {task.metric} {score:.4f} wall_s {wall:.3f}", flush=True)
             if diverged or (o.stop_at_target and to_target is not None):
                 break
-    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    # (FSDP2's parameters are shards, DTensors, where not gathered for a forward.)
+    full = [p.full_tensor() if isinstance(p, DTensor) else p for p in model.parameters()]
+    flat = torch.cat([p.detach().flatten() for p in full])
     everyone = [torch.empty_like(flat) for _ in range(ranks)]
     dist.all_gather(everyone, flat)
     same = all(torch.equal(everyone[0], w) for w in everyone)
     if rank == 0:
         weights = hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
+        setup = "fsdp" if o.fsdp else "ddp"
         print(
-            f"summary: model={o.model} compressor={o.hook} ranks={ranks} backend=gloo-ddp bucket_kb={o.bucket_kb} "
+            f"summary: model={o.model} compressor={o.hook} ranks={ranks} backend=gloo-{setup} bucket_kb={o.bucket_kb} "
             f"target={target:.3f} time_to_target_s={'not-reached' if to_target is None else f'{to_target:.6f}'} "
             f"steps_to_target={'not-reached' if steps_to is None else steps_to} final_{task.metric}={score:.4f} "
             f"steps={step} wire_bytes_per_step={wire_bytes(o, model, state)} replicas={'equal' if same else 'DIFFER'} "
