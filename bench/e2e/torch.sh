@@ -143,7 +143,7 @@ for rate in rates:
     print(f"| hook | time to target, s | x torch-bf16 | steps | ms per step | final {metric.replace('_', ' ')} "
           "| wire bytes/step |" + (" link share |" if share else ""))
     print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if share else ""))
-    base = [float(f["time_to_target_s"]) for f in reached(runs[(rate, "torch-bf16")])]
+    base = [float(f["time_to_target_s"]) for f in reached(runs.get((rate, "torch-bf16"), []))]
     for (r, name), fs in runs.items():
         if r != rate:
             continue
@@ -156,7 +156,7 @@ for rate in rates:
         link = (f" {1 - statistics.median(unshaped) / statistics.median(per_step(fs)):.0%} |"
                 if share and ok and unshaped else " - |" if share else "")
         print(f"| {name} | {spread(t, 2) if t else 'not reached'}{note} | {ratio} | "
-              f"{statistics.median(steps) if steps else '-':g} | {spread(per_step(fs), 1) if ok else '-'} | "
+              f"{f'{statistics.median(steps):g}' if steps else '-'} | {spread(per_step(fs), 1) if ok else '-'} | "
               f"{statistics.median(float(f.get('final_' + metric, 'nan')) for f in fs):.4f} | "
               f"{fs[0]['wire_bytes_per_step']} |{link}")
 EOF
