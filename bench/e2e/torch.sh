@@ -152,11 +152,11 @@ for rate in rates:
         steps = [int(f["steps_to_target"]) for f in ok]
         ratio = f"{statistics.median(t) / statistics.median(base):.2f}" if t and base else "-"
         note = f" ({len(ok)} of {len(fs)} reached)" if len(ok) < len(fs) else ""
-        unshaped = per_step(runs.get(("unshaped", name), []))
-        link = (f" {1 - statistics.median(unshaped) / statistics.median(per_step(fs)):.0%} |"
-                if share and ok and unshaped else " - |" if share else "")
+        mine, unshaped = per_step(fs), per_step(runs.get(("unshaped", name), []))
+        link = (f" {1 - statistics.median(unshaped) / statistics.median(mine):.0%} |"
+                if share and mine and unshaped else " - |" if share else "")
         print(f"| {name} | {spread(t, 2) if t else 'not reached'}{note} | {ratio} | "
-              f"{f'{statistics.median(steps):g}' if steps else '-'} | {spread(per_step(fs), 1) if ok else '-'} | "
+              f"{f'{statistics.median(steps):g}' if steps else '-'} | {spread(mine, 1) if mine else '-'} | "
               f"{statistics.median(float(f.get('final_' + metric, 'nan')) for f in fs):.4f} | "
               f"{fs[0]['wire_bytes_per_step']} |{link}")
 EOF
